@@ -1,0 +1,56 @@
+// framework/main.cpp - the `qrun` command line.
+//
+//   qrun <recipe.yaml> [--set a.b=v ...]     run a recipe
+//   qrun validate <recipe.yaml> [--set ...]  check a recipe without running it
+//   qrun plugins list                        what is installed, and what failed to load
+//   qrun plugins explain <kind>/<name>       a component's settings with defaults and docs
+//   qrun --version                           qrun, LibTorch, CUDA and every plugin's build id
+//
+// Exit codes: 0 success, 2 bad input (recipe, data, checkpoint, plugin), 1 internal error.
+// Every failure is one clean message on stderr; library code throws, only main() exits.
+#include "commands.h"
+#include "host_info.h"
+#include "log_backend.h"
+
+#include <qrun/sdk/error.h>
+#include <qrun/sdk/log.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+const char* kUsage =
+    "usage: qrun <recipe.yaml> [--set key.path=value ...]\n"
+    "       qrun validate <recipe.yaml> [--set key.path=value ...]\n"
+    "       qrun plugins list\n"
+    "       qrun plugins explain <kind>/<name>\n"
+    "       qrun --version | --help\n"
+    "\n"
+    "Environment: QRUN_PLUGIN_PATH (extra plugin folders or files, ':'-separated),\n"
+    "             QRUN_LOG_LEVEL (debug, info, warn, error).\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  qrun::init_logging();
+  qrun::detail::log_sink() = &qrun::log_write;
+
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+      std::fputs(kUsage, args.empty() ? stderr : stdout);
+      return args.empty() ? 2 : 0;
+    }
+    return qrun::dispatch(args);
+  } catch (const qrun::Error& e) {
+    std::fprintf(stderr, "qrun: %s%s\n", e.is_user_error() ? "" : "internal error: ", e.what());
+    return e.is_user_error() ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qrun: internal error: %s\n", e.what());
+    return 1;
+  }
+}

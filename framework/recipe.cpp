@@ -1,0 +1,809 @@
+// framework/recipe.cpp - the recipe layout and its validator (see recipe.h).
+//
+// Note [Recipe layout]
+// The layout below is the single description of which sections a recipe may have. Sections are:
+//   * host sections: settings the host itself reads, validated against a Schema;
+//   * component slots: `name` or `{plugin: name, <settings>}`, validated against the schema the
+//     named component registered;
+//   * component lists: a sequence of slots (profilers);
+//   * groups: maps of the above.
+// A group may carry defaults that apply only when another part of the recipe is present (the
+// kernel defaults apply once a model is named), so a recipe never has to spell out the reference
+// backends but a data-only recipe does not need them installed.
+#include "recipe.h"
+
+#include "text.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace qrun {
+namespace {
+
+struct SectionSpec {
+  enum class Type { Host, Slot, List, Group };
+  Type type = Type::Host;
+  std::string key;
+  std::string doc;
+  Schema schema;                     // Host
+  std::string kind;                  // Slot / List
+  std::string default_name;          // Slot: used when absent and the group's condition holds
+  std::string required_if;           // Slot: required when this recipe path is present
+  std::vector<SectionSpec> children; // Group
+  std::string defaults_if;           // Group: path whose presence turns on the children's defaults
+};
+
+SectionSpec host(std::string key, std::string doc, Schema schema) {
+  SectionSpec s;
+  s.type = SectionSpec::Type::Host;
+  s.key = std::move(key);
+  s.doc = std::move(doc);
+  s.schema = std::move(schema);
+  return s;
+}
+SectionSpec slot(std::string key, std::string kind, std::string doc, std::string def = "",
+                 std::string required_if = "") {
+  SectionSpec s;
+  s.type = SectionSpec::Type::Slot;
+  s.key = std::move(key);
+  s.kind = std::move(kind);
+  s.doc = std::move(doc);
+  s.default_name = std::move(def);
+  s.required_if = std::move(required_if);
+  return s;
+}
+SectionSpec list(std::string key, std::string kind, std::string doc) {
+  SectionSpec s = slot(std::move(key), std::move(kind), std::move(doc));
+  s.type = SectionSpec::Type::List;
+  return s;
+}
+SectionSpec group(std::string key, std::string doc, std::vector<SectionSpec> children,
+                  std::string defaults_if = "") {
+  SectionSpec s;
+  s.type = SectionSpec::Type::Group;
+  s.key = std::move(key);
+  s.doc = std::move(doc);
+  s.children = std::move(children);
+  s.defaults_if = std::move(defaults_if);
+  return s;
+}
+
+// See Note [Recipe layout].
+const SectionSpec& recipe_layout() {
+  static const SectionSpec layout = group(
+      "", "recipe",
+      {
+          host("run", "where and how the run happens",
+               Schema{
+                   Field::string("name").optional().doc(
+                       "run name; defaults to the recipe file's stem"),
+                   Field::path("dir").doc("run directory; defaults to runs/<name>"),
+                   Field::choice("device", "auto", {"auto", "cpu", "cuda"})
+                       .doc("compute device; auto picks cuda when a GPU is present"),
+                   Field::integer("seed", 0).min(0).doc("seed of every random choice of the run"),
+               }),
+          slot("model", "model", "the network: builds it, loads and saves HF checkpoints"),
+          group("kernels", "the backends the model's layers call",
+                {
+                    slot("attention", "attention", "full attention backend", "sdpa"),
+                    slot("linear_attention", "linear_attention",
+                         "gated delta rule backend", "gdn-reference"),
+                    slot("conv1d", "conv1d", "causal depthwise conv backend", "conv-reference"),
+                    slot("ops", "ops", "norms, activations and loss", "reference"),
+                },
+                /*defaults_if=*/"model"),
+          group("data", "where examples come from and how they become batches",
+                {
+                    slot("tokenizer", "tokenizer", "text to token ids", "", "data.dataset"),
+                    slot("chat_format", "chat_format", "conversation rendering and loss masks",
+                         "chatml"),
+                    slot("dataset", "dataset", "training examples"),
+                    slot("collator", "collator", "examples to batches", "packed-collator"),
+                    slot("eval_dataset", "dataset", "evaluation examples (optional)"),
+                },
+                /*defaults_if=*/"data.dataset"),
+          list("profiler", "profiler", "observers of the training steps"),
+      });
+  return layout;
+}
+
+// yaml-cpp pitfalls avoided below: operator[] on a non-const node inserts, assigning one Node to
+// another rebinds or overwrites depending on its state, and a default-constructed Node counts as
+// defined. So lookups go through this helper and absence is an Undefined node.
+YAML::Node undefined_node() { return YAML::Node(YAML::NodeType::Undefined); }
+
+YAML::Node lookup(const YAML::Node& map, const std::string& key) {
+  std::optional<YAML::Node> out;
+  if (map.IsDefined() && map.IsMap())
+    for (auto it = map.begin(); it != map.end(); ++it)
+      if (it->first.IsScalar() && it->first.Scalar() == key) out.emplace(it->second);
+  return out ? *out : undefined_node();
+}
+
+std::string mark_location(const std::string& file, const YAML::Mark& m) {
+  if (m.is_null() || m.line < 0) return file;
+  return fmt::format("{}:{}:{}", file, m.line + 1, m.column + 1);
+}
+
+std::string describe(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Null: return "nothing (null)";
+    case YAML::NodeType::Scalar: return "'" + n.Scalar() + "'";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a mapping";
+    default: return "nothing";
+  }
+}
+
+bool parse_int(const std::string& s, int64_t& out) {
+  if (s.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end != s.c_str() + s.size()) return false;
+  out = v;
+  return true;
+}
+
+bool parse_float(const std::string& s, double& out) {
+  if (s.empty()) return false;
+  std::string t = s;
+  if (t == ".inf" || t == "inf" || t == ".nan" || t == "nan") return false;
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(t.c_str(), &end);
+  if (errno != 0 || end != t.c_str() + t.size() || !std::isfinite(v)) return false;
+  out = v;
+  return true;
+}
+
+bool parse_bool(const std::string& s, bool& out) {
+  if (s == "true" || s == "True" || s == "TRUE") return out = true, true;
+  if (s == "false" || s == "False" || s == "FALSE") return out = false, true;
+  return false;
+}
+
+class Validator {
+ public:
+  Validator(std::string file, const Registry& registry,
+            std::map<std::string, std::string> override_sources)
+      : file_(std::move(file)), registry_(registry), overrides_(std::move(override_sources)) {}
+
+  std::vector<Diagnostic> diags;
+  Recipe recipe;
+
+  std::string loc(const YAML::Node& n, const std::string& path) const {
+    if (n.IsDefined() && !n.Mark().is_null() && n.Mark().line >= 0) return mark_location(file_, n.Mark());
+    // Created by --set: the longest override that covers this path.
+    std::string best;
+    for (const auto& [p, text] : overrides_)
+      if ((path == p || path.rfind(p + ".", 0) == 0 || p.rfind(path + ".", 0) == 0) &&
+          p.size() >= best.size())
+        best = p;
+    if (!best.empty()) return "--set " + overrides_.at(best);
+    return file_;
+  }
+  void error(const YAML::Node& n, const std::string& path, std::string msg) {
+    diags.push_back({loc(n, path), std::move(msg)});
+  }
+
+  // Reports keys that appear twice in any mapping (yaml-cpp keeps both silently).
+  void check_duplicates(const YAML::Node& n, const std::string& path) {
+    if (n.IsMap()) {
+      std::map<std::string, YAML::Mark> seen;
+      for (auto it = n.begin(); it != n.end(); ++it) {
+        std::string key = it->first.IsScalar() ? it->first.Scalar() : "";
+        std::string sub = path.empty() ? key : path + "." + key;
+        auto [pos, inserted] = seen.emplace(key, it->first.Mark());
+        if (!inserted)
+          error(it->first, sub,
+                fmt::format("duplicate key '{}' (first given at line {}); each key may appear "
+                            "once per mapping",
+                            key, pos->second.line + 1));
+        check_duplicates(it->second, sub);
+      }
+    } else if (n.IsSequence()) {
+      for (size_t i = 0; i < n.size(); ++i)
+        check_duplicates(n[i], fmt::format("{}[{}]", path, i));
+    }
+  }
+
+  bool present(const YAML::Node& root, const std::string& dotted) const {
+    YAML::Node cur = root;
+    size_t start = 0;
+    while (start <= dotted.size()) {
+      size_t end = dotted.find('.', start);
+      if (end == std::string::npos) end = dotted.size();
+      std::string key = dotted.substr(start, end - start);
+      if (!cur.IsMap()) return false;
+      YAML::Node next = lookup(cur, key);
+      if (!next.IsDefined() || next.IsNull()) return false;
+      cur.reset(next);
+      start = end + 1;
+    }
+    return true;
+  }
+
+  void validate(const YAML::Node& root) {
+    if (!root.IsMap()) {
+      error(root, "", fmt::format("a recipe is a mapping of sections ({}), but this file holds {}",
+                                  section_keys(recipe_layout()), describe(root)));
+      return;
+    }
+    check_duplicates(root, "");
+    walk_group(recipe_layout(), root, "", root, /*defaults_on=*/false);
+  }
+
+  static std::string section_keys(const SectionSpec& g) {
+    std::vector<std::string> keys;
+    for (const auto& c : g.children) keys.push_back(c.key);
+    return join(keys);
+  }
+
+  void walk_group(const SectionSpec& spec, const YAML::Node& node, const std::string& path,
+                  const YAML::Node& root, bool defaults_on) {
+    std::vector<std::string> keys;
+    for (const auto& c : spec.children) keys.push_back(c.key);
+    if (node.IsDefined() && !node.IsNull()) {
+      if (!node.IsMap()) {
+        error(node, path, fmt::format("{} must be a mapping with keys {}, got {}", path,
+                                      join(keys), describe(node)));
+        return;
+      }
+      for (auto it = node.begin(); it != node.end(); ++it) {
+        std::string key = it->first.IsScalar() ? it->first.Scalar() : "";
+        if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+          std::string where = path.empty() ? "at the top level" : "in " + path;
+          error(it->first, path.empty() ? key : path + "." + key,
+                fmt::format("unknown key '{}' {}{}; allowed: {}", key, where,
+                            did_you_mean(key, keys), join(keys)));
+        }
+      }
+    }
+    bool child_defaults = defaults_on || (!spec.defaults_if.empty() && present(root, spec.defaults_if));
+    for (const auto& child : spec.children) {
+      YAML::Node sub = lookup(node, child.key);
+      std::string sub_path = path.empty() ? child.key : path + "." + child.key;
+      switch (child.type) {
+        case SectionSpec::Type::Group:
+          walk_group(child, sub, sub_path, root, child_defaults);
+          break;
+        case SectionSpec::Type::Host:
+          walk_host(child, sub, sub_path);
+          break;
+        case SectionSpec::Type::Slot:
+          walk_slot(child, sub, sub_path, root, node, child_defaults);
+          break;
+        case SectionSpec::Type::List:
+          walk_list(child, sub, sub_path);
+          break;
+      }
+    }
+  }
+
+  void walk_host(const SectionSpec& spec, const YAML::Node& node, const std::string& path) {
+    const YAML::Node& map = node;
+    if (node.IsDefined() && !node.IsNull() && !node.IsMap()) {
+      error(node, path, fmt::format("{} must be a mapping, got {}", path, describe(node)));
+      return;
+    }
+    recipe.sections[path] = settings(path, spec.schema, map, "");
+  }
+
+  Config settings(const std::string& path, const Schema& schema, const YAML::Node& map,
+                  const std::string& skip_key) {
+    std::map<std::string, Value> values;
+    std::map<std::string, std::string> locations;
+    std::vector<std::string> names;
+    for (const auto& f : schema.fields()) names.push_back(f.name);
+    if (map.IsMap()) {
+      for (auto it = map.begin(); it != map.end(); ++it) {
+        std::string key = it->first.IsScalar() ? it->first.Scalar() : "";
+        if (key == skip_key) continue;
+        if (schema.find(key) == nullptr)
+          error(it->first, path + "." + key,
+                fmt::format("unknown key '{}' in {}{}; allowed: {}", key, path,
+                            did_you_mean(key, names), names.empty() ? "(none)" : join(names)));
+      }
+    }
+    for (const auto& f : schema.fields()) {
+      YAML::Node v = lookup(map, f.name);
+      std::string fpath = path + "." + f.name;
+      if (!v.IsDefined()) {
+        if (f.required)
+          error(map, fpath,
+                fmt::format("missing required key '{}' in {} ({} {}){}", f.name, path,
+                            field_type_name(f.type), describe_choices(f),
+                            f.help.empty() ? "" : ": " + f.help));
+        values[f.name] = f.default_value;
+        continue;
+      }
+      locations[f.name] = loc(v, fpath);
+      values[f.name] = convert(f, v, fpath);
+    }
+    return Config(path, std::move(values), std::move(locations));
+  }
+
+  static std::string describe_choices(const Field& f) {
+    return f.type == FieldType::Enum ? join(f.choices, "|") : "";
+  }
+
+  std::string range_text(const Field& f) const {
+    if (f.min_value && f.max_value) return fmt::format("[{}, {}]", *f.min_value, *f.max_value);
+    if (f.min_value) return fmt::format(">= {}", *f.min_value);
+    if (f.max_value) return fmt::format("<= {}", *f.max_value);
+    return "";
+  }
+
+  bool in_range(const Field& f, double x, const YAML::Node& n, const std::string& path) {
+    if ((f.min_value && x < *f.min_value) || (f.max_value && x > *f.max_value)) {
+      error(n, path, fmt::format("{}: {} is out of range; allowed: {}", path, n.Scalar(), range_text(f)));
+      return false;
+    }
+    return true;
+  }
+
+  // Converts one scalar to the element type; reports a diagnostic and returns monostate on error.
+  Value scalar(const Field& f, FieldType t, const YAML::Node& n, const std::string& path) {
+    std::string expected = field_type_name(t);
+    if (!n.IsScalar()) {
+      error(n, path, fmt::format("{}: expected {}, got {}", path,
+                                 t == FieldType::Enum ? "one of " + join(f.choices, ", ") : expected,
+                                 describe(n)));
+      return {};
+    }
+    const std::string& s = n.Scalar();
+    switch (t) {
+      case FieldType::Bool: {
+        bool b;
+        if (parse_bool(s, b)) return b;
+        break;
+      }
+      case FieldType::Int: {
+        int64_t i;
+        if (parse_int(s, i)) return in_range(f, static_cast<double>(i), n, path) ? Value(i) : Value();
+        break;
+      }
+      case FieldType::Float: {
+        double d;
+        if (parse_float(s, d)) return in_range(f, d, n, path) ? Value(d) : Value();
+        break;
+      }
+      case FieldType::Enum: {
+        if (std::find(f.choices.begin(), f.choices.end(), s) != f.choices.end()) return s;
+        error(n, path, fmt::format("{}: '{}' is not allowed{}; allowed: {}", path, s,
+                                   did_you_mean(s, f.choices), join(f.choices, ", ")));
+        return {};
+      }
+      case FieldType::String:
+      case FieldType::Path:
+        if (s.empty() && t == FieldType::Path) {
+          error(n, path, fmt::format("{}: expected a path, got an empty string", path));
+          return {};
+        }
+        return s;
+      default:
+        break;
+    }
+    error(n, path, fmt::format("{}: expected {}, got '{}'", path, expected, s));
+    return {};
+  }
+
+  Value convert(const Field& f, const YAML::Node& n, const std::string& path) {
+    auto list_of = [&](FieldType elem, auto tag) -> Value {
+      using T = decltype(tag);
+      if (!n.IsSequence()) {
+        error(n, path, fmt::format("{}: expected {}, got {}", path, field_type_name(f.type), describe(n)));
+        return {};
+      }
+      if (f.list_size && n.size() != *f.list_size) {
+        error(n, path, fmt::format("{}: expected a list of {} values, got {}", path, *f.list_size, n.size()));
+        return {};
+      }
+      std::vector<T> out;
+      bool ok = true;
+      for (size_t i = 0; i < n.size(); ++i) {
+        Value v = scalar(f, elem, n[i], fmt::format("{}[{}]", path, i));
+        if (auto* p = std::get_if<T>(&v)) out.push_back(*p);
+        else ok = false;
+      }
+      return ok ? Value(std::move(out)) : Value();
+    };
+    switch (f.type) {
+      case FieldType::IntList: return list_of(FieldType::Int, int64_t{});
+      case FieldType::FloatList: return list_of(FieldType::Float, double{});
+      case FieldType::StringList: return list_of(FieldType::String, std::string{});
+      default: break;
+    }
+    if (n.IsNull()) {
+      if (!f.required && std::holds_alternative<std::monostate>(f.default_value)) return {};
+      error(n, path, fmt::format("{}: expected {}, got nothing (null)", path,
+                                 f.type == FieldType::Enum ? "one of " + join(f.choices, ", ")
+                                                           : std::string(field_type_name(f.type))));
+      return {};
+    }
+    return scalar(f, f.type, n, path);
+  }
+
+  ComponentSpec component(const std::string& kind, const YAML::Node& node, const std::string& path) {
+    ComponentSpec spec;
+    spec.path = path;
+    spec.kind = kind;
+    YAML::Node name_node = undefined_node();
+    if (node.IsScalar()) {
+      name_node.reset(node);
+    } else if (node.IsMap()) {
+      name_node.reset(lookup(node, "plugin"));
+      if (!name_node.IsDefined()) {
+        error(node, path, fmt::format("{}: missing key 'plugin' naming the {} to use; installed: {}",
+                                      path, kind, join(registry_.names(kind))));
+        return spec;
+      }
+      if (!name_node.IsScalar()) {
+        error(name_node, path + ".plugin",
+              fmt::format("{}.plugin: expected a {} name, got {}", path, kind, describe(name_node)));
+        return spec;
+      }
+    } else {
+      error(node, path, fmt::format("{}: expected a {} name or a mapping with 'plugin:', got {}",
+                                    path, kind, describe(node)));
+      return spec;
+    }
+    spec.name = name_node.Scalar();
+    const RegistryEntry* e = registry_.find(kind, spec.name);
+    if (e == nullptr) {
+      error(name_node, path, fmt::format("{}: {}", path, registry_.unknown_message(kind, spec.name)));
+      return spec;
+    }
+    if (!e->conflicts.empty()) {
+      error(name_node, path, fmt::format("{}: {}", path, registry_.conflict_message(*e)));
+      return spec;
+    }
+    spec.entry = e;
+    spec.config = settings(fmt::format("{} ({})", path, spec.name), e->info.schema,
+                           node.IsMap() ? node : undefined_node(), "plugin");
+    // Config paths are the recipe path; the name in parentheses only decorates messages.
+    spec.config = Config(path, spec.config.values(), locations_of(spec.config, e->info.schema));
+    return spec;
+  }
+
+  static std::map<std::string, std::string> locations_of(const Config& c, const Schema& s) {
+    std::map<std::string, std::string> out;
+    for (const auto& f : s.fields()) {
+      std::string l = c.location(f.name);
+      if (l.find("(default)") == std::string::npos) out[f.name] = l;
+    }
+    return out;
+  }
+
+  void walk_slot(const SectionSpec& spec, const YAML::Node& node, const std::string& path,
+                 const YAML::Node& root, const YAML::Node& parent, bool defaults_on) {
+    (void)parent;
+    if (!node.IsDefined() || node.IsNull()) {
+      if (!spec.required_if.empty() && present(root, spec.required_if)) {
+        error(node.IsDefined() ? node : root, path,
+              fmt::format("missing {}: it is required when {} is set; installed {}: {}", path,
+                          spec.required_if, spec.kind, join(registry_.names(spec.kind))));
+        return;
+      }
+      if (!defaults_on || spec.default_name.empty()) return;
+      ComponentSpec c;
+      c.path = path;
+      c.kind = spec.kind;
+      c.name = spec.default_name;
+      const RegistryEntry* e = registry_.find(spec.kind, c.name);
+      if (e == nullptr || !e->conflicts.empty()) {
+        error(root, path,
+              fmt::format("{} defaults to '{}', but {}; name one in the recipe", path, c.name,
+                          e == nullptr ? registry_.unknown_message(spec.kind, c.name)
+                                       : registry_.conflict_message(*e)));
+        return;
+      }
+      c.entry = e;
+      c.config = settings(path, e->info.schema, undefined_node(), "plugin");
+      recipe.components[path] = std::move(c);
+      return;
+    }
+    ComponentSpec c = component(spec.kind, node, path);
+    if (c.entry != nullptr) recipe.components[path] = std::move(c);
+  }
+
+  void walk_list(const SectionSpec& spec, const YAML::Node& node, const std::string& path) {
+    if (!node.IsDefined() || node.IsNull()) return;
+    if (!node.IsSequence()) {
+      if (node.IsMap() || node.IsScalar()) {  // a single component is a list of one
+        ComponentSpec c = component(spec.kind, node, path + "[0]");
+        if (c.entry != nullptr) recipe.profilers.push_back(std::move(c));
+        return;
+      }
+      error(node, path, fmt::format("{}: expected a list of {}s, got {}", path, spec.kind, describe(node)));
+      return;
+    }
+    for (size_t i = 0; i < node.size(); ++i) {
+      ComponentSpec c = component(spec.kind, node[i], fmt::format("{}[{}]", path, i));
+      if (c.entry != nullptr) recipe.profilers.push_back(std::move(c));
+    }
+  }
+
+ private:
+  std::string file_;
+  const Registry& registry_;
+  std::map<std::string, std::string> overrides_;
+};
+
+// Reads the file and rejects what YAML parsers report poorly: directories, empty files,
+// binary data and tabs in indentation.
+std::string read_recipe_text(const std::string& file) {
+  std::error_code ec;
+  if (!fs::exists(file, ec))
+    throw RecipeError(file, {{file, "no such file"}});
+  if (fs::is_directory(file, ec))
+    throw RecipeError(file, {{file, "is a directory, not a recipe file; pass the .yaml file inside it"}});
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw RecipeError(file, {{file, "cannot be read (permission denied?)"}});
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw RecipeError(file, {{file, "is empty; a recipe names at least a dataset or a model"}});
+  // Binary data: NUL bytes or invalid UTF-8.
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i < text.size();) {
+    unsigned char c = static_cast<unsigned char>(text[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len != 0 && i + len <= text.size() && c != 0;
+    for (size_t k = 1; ok && k < len; ++k)
+      ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
+    if (!ok)
+      throw RecipeError(file, {{fmt::format("{}:{}:{}", file, line, col),
+                                fmt::format("not a text file: byte 0x{:02x} at offset {} is {}; a "
+                                            "recipe is UTF-8 YAML",
+                                            c, i, c == 0 ? "a NUL" : "not valid UTF-8")}});
+    if (c == '\n') line++, col = 1;
+    else col++;
+    i += len;
+  }
+  // Tabs in indentation (YAML forbids them; parsers report them cryptically).
+  std::vector<Diagnostic> tabs;
+  line = 1;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    for (size_t i = start; i < end && (text[i] == ' ' || text[i] == '\t'); ++i)
+      if (text[i] == '\t') {
+        tabs.push_back({fmt::format("{}:{}:{}", file, line, i - start + 1),
+                        "tab character in indentation; YAML indents with spaces only"});
+        break;
+      }
+    start = end + 1;
+    line++;
+  }
+  if (!tabs.empty()) throw RecipeError(file, std::move(tabs));
+  return text;
+}
+
+// Sets `value` at dotted `path` inside root, creating mappings as needed. A component given as
+// a bare name becomes {plugin: name} when a setting under it is overridden.
+void apply_override(YAML::Node root, const std::string& path, const YAML::Node& value,
+                    const std::string& text) {
+  std::vector<std::string> keys;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('.', start);
+    if (end == std::string::npos) end = path.size();
+    keys.push_back(path.substr(start, end - start));
+    start = end + 1;
+  }
+  YAML::Node cur = root;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string& k = keys[i];
+    bool last = i + 1 == keys.size();
+    if (cur.IsSequence()) {
+      int64_t idx;
+      if (!parse_int(k, idx) || idx < 0 || static_cast<size_t>(idx) >= cur.size())
+        throw RecipeError("--set", {{"--set " + text,
+                                     fmt::format("'{}' is not an index of the list at '{}' (size {})",
+                                                 k, join({keys.begin(), keys.begin() + i}, "."), cur.size())}});
+      if (last) {
+        cur[static_cast<size_t>(idx)] = value;
+        return;
+      }
+      cur.reset(cur[static_cast<size_t>(idx)]);
+      continue;
+    }
+    if (!cur.IsMap() && !cur.IsNull())
+      throw RecipeError("--set", {{"--set " + text,
+                                   fmt::format("cannot set '{}': '{}' is not a mapping", path,
+                                               join({keys.begin(), keys.begin() + i}, "."))}});
+    if (last) {
+      cur[k] = value;
+      return;
+    }
+    YAML::Node next = cur[k];
+    if (!next.IsDefined() || next.IsNull()) cur[k] = YAML::Node(YAML::NodeType::Map);
+    YAML::Node child = cur[k];
+    if (child.IsScalar()) {  // bare component name -> {plugin: name}
+      std::string name = child.Scalar();
+      YAML::Node m(YAML::NodeType::Map);
+      m["plugin"] = name;
+      cur[k] = m;
+      child.reset(cur[k]);
+    }
+    cur.reset(child);
+  }
+}
+
+}  // namespace
+
+RecipeError::RecipeError(const std::string& file, std::vector<Diagnostic> diags)
+    : UserError([&] {
+        std::string m;
+        for (const auto& d : diags) m += fmt::format("{}: error: {}\n", d.location, d.message);
+        m += fmt::format("{} problem{} in {}", diags.size(), diags.size() == 1 ? "" : "s", file);
+        return m;
+      }()),
+      diags_(std::move(diags)) {}
+
+std::pair<std::string, std::string> parse_override(const std::string& text) {
+  size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw UserError(fmt::format("--set {}: expected key.path=value, e.g. --set optimizer.lr=2e-5", text));
+  std::string path = text.substr(0, eq);
+  for (size_t i = 0; i < path.size(); ++i) {
+    char c = path[i];
+    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' ||
+              (c == '.' && i > 0 && i + 1 < path.size() && path[i + 1] != '.');
+    if (!ok)
+      throw UserError(fmt::format("--set {}: '{}' is not a key path (letters, digits, _ and - "
+                                  "separated by single dots)",
+                                  text, path));
+  }
+  return {path, text.substr(eq + 1)};
+}
+
+Recipe load_recipe(const std::string& file, const std::vector<std::string>& overrides,
+                   const Registry& registry) {
+  std::string text = read_recipe_text(file);
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw RecipeError(file, {{mark_location(file, e.mark), "YAML syntax error: " + e.msg}});
+  }
+  if (root.IsNull())
+    throw RecipeError(file, {{file, "holds no settings (only comments?); a recipe names at least a dataset or a model"}});
+  std::map<std::string, std::string> sources;
+  std::vector<Diagnostic> set_diags;
+  for (const auto& o : overrides) {
+    try {
+      auto [path, value_text] = parse_override(o);
+      YAML::Node value;
+      try {
+        value = YAML::Load(value_text);
+      } catch (const YAML::Exception& e) {
+        set_diags.push_back({"--set " + o, "value is not valid YAML: " + e.msg});
+        continue;
+      }
+      if (root.IsMap()) apply_override(root, path, value, o);
+      sources[path] = o;
+    } catch (const RecipeError& e) {
+      for (const auto& d : e.diagnostics()) set_diags.push_back(d);
+    } catch (const UserError& e) {
+      set_diags.push_back({"--set " + o, e.message()});
+    }
+  }
+  Validator v(file, registry, sources);
+  v.diags = std::move(set_diags);
+  v.validate(root);
+  if (!v.diags.empty()) throw RecipeError(file, std::move(v.diags));
+  Recipe r = std::move(v.recipe);
+  r.file = file;
+  // run.name / run.dir defaults depend on the file name.
+  Config& run = r.sections["run"];
+  auto vals = run.values();
+  auto locs = std::map<std::string, std::string>();
+  for (const auto& [k, _] : vals)
+    if (run.location(k).find("(default)") == std::string::npos) locs[k] = run.location(k);
+  if (!run.has("name")) vals["name"] = fs::path(file).stem().string();
+  if (!run.has("dir")) vals["dir"] = "runs/" + std::get<std::string>(vals["name"]);
+  run = Config("run", vals, locs);
+  return r;
+}
+
+Config validate_settings(const std::string& path, const Schema& schema, const YAML::Node& map,
+                         const std::string& file, std::vector<Diagnostic>& diags) {
+  Registry empty;
+  Validator v(file, empty, {});
+  Config c = v.settings(path, schema, map, "plugin");
+  for (auto& d : v.diags) diags.push_back(std::move(d));
+  return c;
+}
+
+namespace {
+void emit_value(YAML::Emitter& out, const Value& v) {
+  std::visit(
+      [&](const auto& x) {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, std::monostate>) out << YAML::Null;
+        else if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
+                           std::is_same_v<T, std::vector<double>> ||
+                           std::is_same_v<T, std::vector<std::string>>) {
+          out << YAML::Flow << YAML::BeginSeq;
+          for (const auto& e : x) out << e;
+          out << YAML::EndSeq;
+        } else if constexpr (std::is_same_v<T, double>) {
+          out << fmt::format("{}", x);
+        } else out << x;
+      },
+      v);
+}
+
+void emit_component(YAML::Emitter& out, const ComponentSpec& c) {
+  out << YAML::BeginMap << YAML::Key << "plugin" << YAML::Value << c.name;
+  out << YAML::Comment(fmt::format("{} {} (build {}) from {}", c.entry->origin->name,
+                                   c.entry->origin->version, c.entry->origin->build_id,
+                                   c.entry->origin->path));
+  for (const auto& f : c.entry->info.schema.fields()) {
+    out << YAML::Key << f.name << YAML::Value;
+    emit_value(out, c.config.values().at(f.name));
+  }
+  out << YAML::EndMap;
+}
+
+void emit_settings(YAML::Emitter& out, const Config& c) {
+  out << YAML::BeginMap;
+  for (const auto& [k, v] : c.values()) {
+    out << YAML::Key << k << YAML::Value;
+    emit_value(out, v);
+  }
+  out << YAML::EndMap;
+}
+}  // namespace
+
+std::string Recipe::resolved_yaml() const {
+  YAML::Emitter out;
+  out << YAML::Comment(fmt::format("resolved from {} by qrun; every default filled in", file));
+  out << YAML::BeginMap;
+  for (const auto& [name, cfg] : sections) {
+    out << YAML::Key << name << YAML::Value;
+    emit_settings(out, cfg);
+  }
+  // Components grouped back into their sections, in layout order.
+  auto emit_group = [&](const std::string& group, const std::vector<std::string>& keys) {
+    bool any = false;
+    for (const auto& k : keys) any |= components.count(group + "." + k) > 0;
+    if (!any) return;
+    out << YAML::Key << group << YAML::Value << YAML::BeginMap;
+    for (const auto& k : keys) {
+      auto it = components.find(group + "." + k);
+      if (it == components.end()) continue;
+      out << YAML::Key << k << YAML::Value;
+      emit_component(out, it->second);
+    }
+    out << YAML::EndMap;
+  };
+  if (auto it = components.find("model"); it != components.end()) {
+    out << YAML::Key << "model" << YAML::Value;
+    emit_component(out, it->second);
+  }
+  emit_group("kernels", {"attention", "linear_attention", "conv1d", "ops"});
+  emit_group("data", {"tokenizer", "chat_format", "dataset", "collator", "eval_dataset"});
+  if (!profilers.empty()) {
+    out << YAML::Key << "profiler" << YAML::Value << YAML::BeginSeq;
+    for (const auto& p : profilers) emit_component(out, p);
+    out << YAML::EndSeq;
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace qrun

@@ -1,0 +1,80 @@
+// qrun/sdk/model.h - the model kind: builds the network, loads and saves Hugging Face checkpoints,
+// reports FLOPs per token.
+//
+// Lifecycle: the host creates the model component from its Config (recipe `model:` section), then
+// calls build() once with the kernel components the recipe names and the run's placement. From then
+// on the model owns its parameters (HF names, HF shapes) and the host drives forward/backward.
+// Added in SDK 1.
+#pragma once
+
+#include <qrun/sdk/batch.h>
+#include <qrun/sdk/component.h>
+#include <qrun/sdk/kernels.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace qrun {
+
+// The backends a model calls. Not owned: the host keeps them alive longer than the model.
+struct ModelKernels {
+  Attention* attention = nullptr;
+  LinearAttention* linear_attention = nullptr;
+  Conv1d* conv1d = nullptr;
+  Ops* ops = nullptr;
+};
+
+struct ModelPlacement {
+  c10::Device device = c10::Device(c10::kCPU);
+  c10::ScalarType param_dtype = c10::kFloat;    // storage dtype of the parameters
+  c10::ScalarType compute_dtype = c10::kFloat;  // activations
+  uint64_t seed = 0;                            // for random initialisation
+};
+
+struct ModelOutput {
+  at::Tensor loss_sum;      // 0-dim fp32: summed cross-entropy over the batch's loss tokens
+  int64_t loss_tokens = 0;  // how many targets the sum covers
+  at::Tensor logits;        // only when asked for: [.., V] in fp32
+};
+
+struct ModelSummary {
+  std::string family;       // e.g. "qwen3_5"
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t vocab_size = 0;
+  int64_t num_parameters = 0;
+  std::string description;  // one line for logs ("Qwen3.5 hybrid, 8 layers (6 GDN + 2 attn), ...")
+};
+
+class Model : public Component {
+ public:
+  static constexpr const char* kKind = "model";
+
+  // Creates parameters (from the checkpoint the config names, or a size preset with random
+  // initialisation) on placement.device. Throws UserError for a bad checkpoint, naming the file
+  // and tensor.
+  virtual void build(const ModelKernels& kernels, const ModelPlacement& placement) = 0;
+
+  // Forward pass over a batch already on the model's device. Differentiable w.r.t. parameters().
+  virtual ModelOutput forward(const Batch& batch, bool return_logits = false) = 0;
+
+  // Parameters with their Hugging Face names, in a stable order.
+  virtual std::vector<std::pair<std::string, at::Tensor>> named_parameters() = 0;
+
+  // Writes a Hugging Face checkpoint (config.json, sharded safetensors + index) into `dir`,
+  // which the caller created; the caller makes the whole checkpoint atomic.
+  virtual void save(const std::string& dir) = 0;
+
+  // Training FLOPs per token (forward + backward = 3x forward) for a batch with these sample
+  // lengths, per the model's FLOP model; used for MFU.
+  virtual double train_flops_per_token(const std::vector<int64_t>& seq_lens) const = 0;
+
+  virtual ModelSummary summary() const = 0;
+};
+
+}  // namespace qrun
