@@ -4,7 +4,7 @@
 # in-tree plugins get no privileges. It builds libqrun-<NAME>.so against the SDK, hides every
 # symbol but the entry point, and stamps the descriptor with a build id and the CUDA major.
 #
-#   qrun_add_plugin(NAME hello-collator SOURCES hello.cpp [LIBRARIES extra...])
+#   qrun_add_plugin(NAME hello-collator SOURCES hello.cpp [LIBRARIES extra...] [NO_INSTALL])
 #
 # Variables read: QRUN_PLUGIN_OUTPUT_DIR (where the .so goes in the build tree),
 # QRUN_PLUGIN_INSTALL_DIR (install destination, default lib/qrun/plugins).
@@ -21,7 +21,7 @@ function(qrun_plugin_build_id out_var src_dir)
 endfunction()
 
 function(qrun_add_plugin)
-  cmake_parse_arguments(P "" "NAME" "SOURCES;LIBRARIES" ${ARGN})
+  cmake_parse_arguments(P "NO_INSTALL" "NAME" "SOURCES;LIBRARIES" ${ARGN})
   if(NOT P_NAME OR NOT P_SOURCES)
     message(FATAL_ERROR "qrun_add_plugin needs NAME and SOURCES")
   endif()
@@ -50,5 +50,7 @@ function(qrun_add_plugin)
   if(NOT QRUN_PLUGIN_INSTALL_DIR)
     set(QRUN_PLUGIN_INSTALL_DIR lib/qrun/plugins)
   endif()
-  install(TARGETS ${target} LIBRARY DESTINATION ${QRUN_PLUGIN_INSTALL_DIR})
+  if(NOT P_NO_INSTALL)
+    install(TARGETS ${target} LIBRARY DESTINATION ${QRUN_PLUGIN_INSTALL_DIR})
+  endif()
 endfunction()

@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "host_info.h"
 #include "log_backend.h"
+#include "recipe.h"
 
 #include <qrun/sdk/error.h>
 #include <qrun/sdk/log.h>
@@ -46,6 +47,10 @@ int main(int argc, char** argv) {
       return args.empty() ? 2 : 0;
     }
     return qrun::dispatch(args);
+  } catch (const qrun::RecipeError& e) {
+    // Diagnostics already start with their location, compiler-style: no prefix.
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
   } catch (const qrun::Error& e) {
     std::fprintf(stderr, "qrun: %s%s\n", e.is_user_error() ? "" : "internal error: ", e.what());
     return e.is_user_error() ? 2 : 1;

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 
 namespace fs = std::filesystem;
@@ -46,9 +48,12 @@ std::vector<std::string> plugin_search_path() {
     std::string s = (ec ? p : c).string();
     if (std::find(dirs.begin(), dirs.end(), s) == dirs.end()) dirs.push_back(s);
   };
-  fs::path exe = executable_path();
-  if (!exe.empty()) add(exe.parent_path() / ".." / "lib" / "qrun" / "plugins");
-  add(QRUN_INSTALL_PLUGIN_DIR);
+  const char* only = std::getenv("QRUN_NO_DEFAULT_PLUGINS");
+  if (only == nullptr || std::string(only) != "1") {
+    fs::path exe = executable_path();
+    if (!exe.empty()) add(exe.parent_path() / ".." / "lib" / "qrun" / "plugins");
+    add(QRUN_INSTALL_PLUGIN_DIR);
+  }
   if (const char* env = std::getenv("QRUN_PLUGIN_PATH")) {
     std::string s = env;
     size_t start = 0;
@@ -68,11 +73,27 @@ bool load_plugin(Registry& registry, const std::string& path) {
     registry.add_failure({path, std::move(reason)});
     return false;
   };
+  {
+    std::ifstream in(path, std::ios::binary);
+    char magic[4] = {0, 0, 0, 0};
+    in.read(magic, 4);
+    if (!in || std::memcmp(magic, "\x7f" "ELF", 4) != 0)
+      return reject("not a shared library (no ELF header); a plugin is a libqrun-<name>.so built "
+                    "with qrun_add_plugin()");
+  }
   boost::dll::shared_library lib;
   try {
     lib.load(path, boost::dll::load_mode::rtld_lazy | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
-    return reject(fmt::format("not a loadable shared library ({})", e.what()));
+    // Keep the dynamic loader's own words (e.g. a missing dependency), without Boost's wrapping.
+    std::string m = e.what();
+    const std::string tag = "dlerror system message: ";
+    size_t a = m.find(tag);
+    if (a != std::string::npos) {
+      size_t b = m.rfind("):");
+      m = m.substr(a + tag.size(), b != std::string::npos && b > a ? b - a - tag.size() : std::string::npos);
+    }
+    return reject(fmt::format("cannot be loaded: {}", m));
   }
   if (!lib.has(QRUN_ENTRY_SYMBOL))
     return reject(fmt::format(

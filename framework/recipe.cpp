@@ -28,6 +28,10 @@ namespace fs = std::filesystem;
 namespace qrun {
 namespace {
 
+// Indentation columns or open brackets beyond this are not a recipe (and would let a crafted
+// file exhaust the parser's stack).
+constexpr int kMaxNesting = 200;
+
 struct SectionSpec {
   enum class Type { Host, Slot, List, Group };
   Type type = Type::Host;
@@ -180,15 +184,14 @@ class Validator {
   std::vector<Diagnostic> diags;
   Recipe recipe;
 
+  // Where a problem at recipe path `path` (node `n`) is reported: the --set that wrote it, else
+  // the node's line:col in the file, else the file.
   std::string loc(const YAML::Node& n, const std::string& path) const {
-    if (n.IsDefined() && !n.Mark().is_null() && n.Mark().line >= 0) return mark_location(file_, n.Mark());
-    // Created by --set: the longest override that covers this path.
     std::string best;
     for (const auto& [p, text] : overrides_)
-      if ((path == p || path.rfind(p + ".", 0) == 0 || p.rfind(path + ".", 0) == 0) &&
-          p.size() >= best.size())
-        best = p;
+      if ((path == p || path.rfind(p + ".", 0) == 0) && p.size() >= best.size()) best = p;
     if (!best.empty()) return "--set " + overrides_.at(best);
+    if (n.IsDefined() && !n.Mark().is_null() && n.Mark().line >= 0) return mark_location(file_, n.Mark());
     return file_;
   }
   void error(const YAML::Node& n, const std::string& path, std::string msg) {
@@ -298,8 +301,13 @@ class Validator {
     recipe.sections[path] = settings(path, spec.schema, map, "");
   }
 
+  // `anchor` locates problems that have no node of their own (a missing required key).
+  // `label` names the section in messages ("data.collator (zoo-collator)"); `path` is its recipe
+  // path, used to locate --set overrides.
   Config settings(const std::string& path, const Schema& schema, const YAML::Node& map,
-                  const std::string& skip_key) {
+                  const std::string& skip_key, const YAML::Node& anchor = undefined_node(),
+                  std::string label = "") {
+    if (label.empty()) label = path;
     std::map<std::string, Value> values;
     std::map<std::string, std::string> locations;
     std::vector<std::string> names;
@@ -310,24 +318,26 @@ class Validator {
         if (key == skip_key) continue;
         if (schema.find(key) == nullptr)
           error(it->first, path + "." + key,
-                fmt::format("unknown key '{}' in {}{}; allowed: {}", key, path,
+                fmt::format("unknown key '{}' in {}{}; allowed: {}", key, label,
                             did_you_mean(key, names), names.empty() ? "(none)" : join(names)));
       }
     }
     for (const auto& f : schema.fields()) {
       YAML::Node v = lookup(map, f.name);
       std::string fpath = path + "." + f.name;
+      std::string flabel = label + "." + f.name;
       if (!v.IsDefined()) {
         if (f.required)
-          error(map, fpath,
-                fmt::format("missing required key '{}' in {} ({} {}){}", f.name, path,
-                            field_type_name(f.type), describe_choices(f),
+          error(map.IsDefined() ? map : anchor, fpath,
+                fmt::format("missing required key '{}' in {} ({}){}", f.name, label,
+                            f.type == FieldType::Enum ? "one of " + join(f.choices, ", ")
+                                                      : std::string(field_type_name(f.type)),
                             f.help.empty() ? "" : ": " + f.help));
         values[f.name] = f.default_value;
         continue;
       }
       locations[f.name] = loc(v, fpath);
-      values[f.name] = convert(f, v, fpath);
+      values[f.name] = convert(f, v, fpath, flabel);
     }
     return Config(path, std::move(values), std::move(locations));
   }
@@ -343,19 +353,21 @@ class Validator {
     return "";
   }
 
-  bool in_range(const Field& f, double x, const YAML::Node& n, const std::string& path) {
+  bool in_range(const Field& f, double x, const YAML::Node& n, const std::string& path,
+                const std::string& label) {
     if ((f.min_value && x < *f.min_value) || (f.max_value && x > *f.max_value)) {
-      error(n, path, fmt::format("{}: {} is out of range; allowed: {}", path, n.Scalar(), range_text(f)));
+      error(n, path, fmt::format("{}: {} is out of range; allowed: {}", label, n.Scalar(), range_text(f)));
       return false;
     }
     return true;
   }
 
   // Converts one scalar to the element type; reports a diagnostic and returns monostate on error.
-  Value scalar(const Field& f, FieldType t, const YAML::Node& n, const std::string& path) {
+  Value scalar(const Field& f, FieldType t, const YAML::Node& n, const std::string& path,
+               const std::string& label) {
     std::string expected = field_type_name(t);
     if (!n.IsScalar()) {
-      error(n, path, fmt::format("{}: expected {}, got {}", path,
+      error(n, path, fmt::format("{}: expected {}, got {}", label,
                                  t == FieldType::Enum ? "one of " + join(f.choices, ", ") : expected,
                                  describe(n)));
       return {};
@@ -369,49 +381,50 @@ class Validator {
       }
       case FieldType::Int: {
         int64_t i;
-        if (parse_int(s, i)) return in_range(f, static_cast<double>(i), n, path) ? Value(i) : Value();
+        if (parse_int(s, i)) return in_range(f, static_cast<double>(i), n, path, label) ? Value(i) : Value();
         break;
       }
       case FieldType::Float: {
         double d;
-        if (parse_float(s, d)) return in_range(f, d, n, path) ? Value(d) : Value();
+        if (parse_float(s, d)) return in_range(f, d, n, path, label) ? Value(d) : Value();
         break;
       }
       case FieldType::Enum: {
         if (std::find(f.choices.begin(), f.choices.end(), s) != f.choices.end()) return s;
-        error(n, path, fmt::format("{}: '{}' is not allowed{}; allowed: {}", path, s,
+        error(n, path, fmt::format("{}: '{}' is not allowed{}; allowed: {}", label, s,
                                    did_you_mean(s, f.choices), join(f.choices, ", ")));
         return {};
       }
       case FieldType::String:
       case FieldType::Path:
         if (s.empty() && t == FieldType::Path) {
-          error(n, path, fmt::format("{}: expected a path, got an empty string", path));
+          error(n, path, fmt::format("{}: expected a path, got an empty string", label));
           return {};
         }
         return s;
       default:
         break;
     }
-    error(n, path, fmt::format("{}: expected {}, got '{}'", path, expected, s));
+    error(n, path, fmt::format("{}: expected {}, got '{}'", label, expected, s));
     return {};
   }
 
-  Value convert(const Field& f, const YAML::Node& n, const std::string& path) {
+  Value convert(const Field& f, const YAML::Node& n, const std::string& path,
+                const std::string& label) {
     auto list_of = [&](FieldType elem, auto tag) -> Value {
       using T = decltype(tag);
       if (!n.IsSequence()) {
-        error(n, path, fmt::format("{}: expected {}, got {}", path, field_type_name(f.type), describe(n)));
+        error(n, path, fmt::format("{}: expected {}, got {}", label, field_type_name(f.type), describe(n)));
         return {};
       }
       if (f.list_size && n.size() != *f.list_size) {
-        error(n, path, fmt::format("{}: expected a list of {} values, got {}", path, *f.list_size, n.size()));
+        error(n, path, fmt::format("{}: expected a list of {} values, got {}", label, *f.list_size, n.size()));
         return {};
       }
       std::vector<T> out;
       bool ok = true;
       for (size_t i = 0; i < n.size(); ++i) {
-        Value v = scalar(f, elem, n[i], fmt::format("{}[{}]", path, i));
+        Value v = scalar(f, elem, n[i], path, fmt::format("{}[{}]", label, i));
         if (auto* p = std::get_if<T>(&v)) out.push_back(*p);
         else ok = false;
       }
@@ -425,12 +438,12 @@ class Validator {
     }
     if (n.IsNull()) {
       if (!f.required && std::holds_alternative<std::monostate>(f.default_value)) return {};
-      error(n, path, fmt::format("{}: expected {}, got nothing (null)", path,
+      error(n, path, fmt::format("{}: expected {}, got nothing (null)", label,
                                  f.type == FieldType::Enum ? "one of " + join(f.choices, ", ")
                                                            : std::string(field_type_name(f.type))));
       return {};
     }
-    return scalar(f, f.type, n, path);
+    return scalar(f, f.type, n, path, label);
   }
 
   ComponentSpec component(const std::string& kind, const YAML::Node& node, const std::string& path) {
@@ -468,20 +481,9 @@ class Validator {
       return spec;
     }
     spec.entry = e;
-    spec.config = settings(fmt::format("{} ({})", path, spec.name), e->info.schema,
-                           node.IsMap() ? node : undefined_node(), "plugin");
-    // Config paths are the recipe path; the name in parentheses only decorates messages.
-    spec.config = Config(path, spec.config.values(), locations_of(spec.config, e->info.schema));
+    spec.config = settings(path, e->info.schema, node.IsMap() ? node : undefined_node(), "plugin",
+                           node, fmt::format("{} ({})", path, spec.name));
     return spec;
-  }
-
-  static std::map<std::string, std::string> locations_of(const Config& c, const Schema& s) {
-    std::map<std::string, std::string> out;
-    for (const auto& f : s.fields()) {
-      std::string l = c.location(f.name);
-      if (l.find("(default)") == std::string::npos) out[f.name] = l;
-    }
-    return out;
   }
 
   void walk_slot(const SectionSpec& spec, const YAML::Node& node, const std::string& path,
@@ -539,9 +541,8 @@ class Validator {
   std::map<std::string, std::string> overrides_;
 };
 
-// Reads the file and rejects what YAML parsers report poorly: directories, empty files,
-// binary data and tabs in indentation.
-std::string read_recipe_text(const std::string& file) {
+// Reads the file; a missing file, a directory or an unreadable file is reported here.
+std::string read_recipe_file(const std::string& file) {
   std::error_code ec;
   if (!fs::exists(file, ec))
     throw RecipeError(file, {{file, "no such file"}});
@@ -551,7 +552,12 @@ std::string read_recipe_text(const std::string& file) {
   if (!in) throw RecipeError(file, {{file, "cannot be read (permission denied?)"}});
   std::stringstream ss;
   ss << in.rdbuf();
-  std::string text = ss.str();
+  return ss.str();
+}
+
+// Rejects what YAML parsers report poorly: empty text, binary data, tabs in indentation and
+// nesting too deep to be a recipe (yaml-cpp recurses once per level).
+void check_recipe_text(const std::string& file, const std::string& text) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw RecipeError(file, {{file, "is empty; a recipe names at least a dataset or a model"}});
   // Binary data: NUL bytes or invalid UTF-8.
@@ -572,23 +578,33 @@ std::string read_recipe_text(const std::string& file) {
     i += len;
   }
   // Tabs in indentation (YAML forbids them; parsers report them cryptically).
-  std::vector<Diagnostic> tabs;
+  std::vector<Diagnostic> problems;
   line = 1;
   size_t start = 0;
+  int depth = 0, max_depth = 0;
   while (start < text.size()) {
     size_t end = text.find('\n', start);
     if (end == std::string::npos) end = text.size();
-    for (size_t i = start; i < end && (text[i] == ' ' || text[i] == '\t'); ++i)
+    size_t i = start;
+    for (; i < end && (text[i] == ' ' || text[i] == '\t'); ++i)
       if (text[i] == '\t') {
-        tabs.push_back({fmt::format("{}:{}:{}", file, line, i - start + 1),
-                        "tab character in indentation; YAML indents with spaces only"});
+        problems.push_back({fmt::format("{}:{}:{}", file, line, i - start + 1),
+                            "tab character in indentation; YAML indents with spaces only"});
         break;
       }
+    max_depth = std::max(max_depth, static_cast<int>(i - start));
+    for (size_t j = start; j < end; ++j) {
+      if (text[j] == '[' || text[j] == '{') max_depth = std::max(max_depth, ++depth);
+      else if ((text[j] == ']' || text[j] == '}') && depth > 0) --depth;
+    }
     start = end + 1;
     line++;
   }
-  if (!tabs.empty()) throw RecipeError(file, std::move(tabs));
-  return text;
+  if (max_depth > kMaxNesting)
+    problems.push_back({file, fmt::format("nesting deeper than {} levels; a recipe is a few "
+                                          "levels deep",
+                                          kMaxNesting)});
+  if (!problems.empty()) throw RecipeError(file, std::move(problems));
 }
 
 // Sets `value` at dotted `path` inside root, creating mappings as needed. A component given as
@@ -656,23 +672,28 @@ RecipeError::RecipeError(const std::string& file, std::vector<Diagnostic> diags)
 std::pair<std::string, std::string> parse_override(const std::string& text) {
   size_t eq = text.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw UserError(fmt::format("--set {}: expected key.path=value, e.g. --set optimizer.lr=2e-5", text));
+    throw UserError(fmt::format("expected key.path=value, e.g. --set data.collator.tokens_per_batch=4096"));
   std::string path = text.substr(0, eq);
   for (size_t i = 0; i < path.size(); ++i) {
     char c = path[i];
     bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' ||
               (c == '.' && i > 0 && i + 1 < path.size() && path[i + 1] != '.');
     if (!ok)
-      throw UserError(fmt::format("--set {}: '{}' is not a key path (letters, digits, _ and - "
+      throw UserError(fmt::format("'{}' is not a key path (letters, digits, _ and - "
                                   "separated by single dots)",
-                                  text, path));
+                                  path));
   }
   return {path, text.substr(eq + 1)};
 }
 
 Recipe load_recipe(const std::string& file, const std::vector<std::string>& overrides,
                    const Registry& registry) {
-  std::string text = read_recipe_text(file);
+  return load_recipe_text(read_recipe_file(file), file, overrides, registry);
+}
+
+Recipe load_recipe_text(const std::string& text, const std::string& file,
+                        const std::vector<std::string>& overrides, const Registry& registry) {
+  check_recipe_text(file, text);
   YAML::Node root;
   try {
     root = YAML::Load(text);

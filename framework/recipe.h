@@ -70,6 +70,10 @@ std::pair<std::string, std::string> parse_override(const std::string& text);
 Recipe load_recipe(const std::string& file, const std::vector<std::string>& overrides,
                    const Registry& registry);
 
+// The same from text already in memory (`file` names it in messages); used by the fuzzer.
+Recipe load_recipe_text(const std::string& text, const std::string& file,
+                        const std::vector<std::string>& overrides, const Registry& registry);
+
 // Validates one component's settings (a YAML map without the `plugin` key handled by the
 // caller) against a schema; used by the recipe loader and by `qrun check`.
 Config validate_settings(const std::string& path, const Schema& schema, const YAML::Node& map,

@@ -35,7 +35,7 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
 
 std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
   std::string n = nearest(word, candidates);
-  return n.empty() ? std::string() : "; did you mean '" + n + "'?";
+  return n.empty() ? std::string() : " (did you mean '" + n + "'?)";
 }
 
 std::string join(const std::vector<std::string>& items, const std::string& sep) {

@@ -12,7 +12,7 @@ size_t edit_distance(const std::string& a, const std::string& b);
 // The candidate closest to `word`, if it is close enough to be a plausible typo; else "".
 std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
 
-// "; did you mean 'x'?" or "".
+// " (did you mean 'x'?)" or "".
 std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
 
 std::string join(const std::vector<std::string>& items, const std::string& sep = ", ");

@@ -1,0 +1,225 @@
+// tests/plugins/zoo.cpp - the test plugin `test-zoo`: small but real components whose only job is
+// to exercise the host (recipe validation over every field type, the data path, the ABI checks)
+// without depending on the production plugins. Not installed.
+//   tokenizer   zoo-bytes     UTF-8 bytes as token ids (0..255)
+//   chat_format zoo-plain     "role: content\n", loss on assistant content
+//   dataset     zoo-dataset   `count` deterministic synthetic examples, resumable cursor
+//   collator    zoo-collator  greedy packing under a token budget (every schema field type)
+//   profiler    zoo-profiler  logs step-time percentiles at the end of a run (float lists)
+#include <qrun/sdk.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+
+namespace {
+
+class ZooBytes : public qrun::Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text, bool) const override {
+    return std::vector<int32_t>(reinterpret_cast<const unsigned char*>(text.data()),
+                                reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+  }
+  std::string decode(const std::vector<int32_t>& ids, bool) const override {
+    std::string s;
+    for (int32_t i : ids) s.push_back(static_cast<char>(i));
+    return s;
+  }
+  std::optional<int32_t> token_to_id(std::string_view t) const override {
+    if (t.size() == 1) return static_cast<unsigned char>(t[0]);
+    return std::nullopt;
+  }
+  int64_t vocab_size() const override { return 256; }
+};
+
+class ZooPlain : public qrun::ChatFormat {
+ public:
+  qrun::Example render(const std::vector<qrun::Message>& conv, const qrun::Tokenizer& tok,
+                       qrun::LossOn loss_on) const override {
+    QRUN_CHECK(!conv.empty(), "empty conversation");
+    qrun::Example e;
+    for (const auto& m : conv) {
+      auto head = tok.encode(m.role + ": ");
+      auto body = tok.encode(m.content + "\n");
+      bool train_body = loss_on == qrun::LossOn::All || m.role == "assistant";
+      for (int32_t id : head) {
+        e.input_ids.push_back(id);
+        e.labels.push_back(loss_on == qrun::LossOn::All ? id : qrun::kIgnoreIndex);
+      }
+      for (int32_t id : body) {
+        e.input_ids.push_back(id);
+        e.labels.push_back(train_body ? id : qrun::kIgnoreIndex);
+      }
+    }
+    return e;
+  }
+};
+
+class ZooStream : public qrun::ExampleStream {
+ public:
+  ZooStream(int64_t count, int64_t min_len, int64_t max_len, uint64_t seed, int64_t start)
+      : count_(count), min_(min_len), max_(max_len), seed_(seed), next_(start) {}
+  std::optional<qrun::Example> next() override {
+    if (next_ >= count_) return std::nullopt;
+    std::mt19937_64 rng(seed_ * 1000003ULL + static_cast<uint64_t>(next_));
+    int64_t len = min_ + static_cast<int64_t>(rng() % static_cast<uint64_t>(max_ - min_ + 1));
+    qrun::Example e;
+    e.id = next_++;
+    for (int64_t t = 0; t < len; ++t) {
+      int32_t tok = static_cast<int32_t>(rng() % 256);
+      e.input_ids.push_back(tok);
+      e.labels.push_back(t < len / 2 ? qrun::kIgnoreIndex : tok);  // "prompt" half untrained
+    }
+    return e;
+  }
+  std::string cursor() const override { return std::to_string(next_); }
+
+ private:
+  int64_t count_, min_, max_;
+  uint64_t seed_;
+  int64_t next_;
+};
+
+class ZooDataset : public qrun::Dataset {
+ public:
+  explicit ZooDataset(const qrun::Config& c)
+      : count_(c.get_int("count")), min_(c.get_int("min_len")), max_(c.get_int("max_len")) {
+    QRUN_CHECK(min_ <= max_, "{}: min_len {} is larger than max_len {}", c.location("min_len"),
+               min_, max_);
+  }
+  std::unique_ptr<qrun::ExampleStream> open(const qrun::DataContext& ctx, int64_t epoch,
+                                            const std::string& cursor) override {
+    int64_t start = cursor.empty() ? 0 : std::stoll(cursor);
+    return std::make_unique<ZooStream>(count_, min_, max_, ctx.seed + 7919ULL * epoch, start);
+  }
+
+ private:
+  int64_t count_, min_, max_;
+};
+
+class ZooCollator : public qrun::Collator {
+ public:
+  explicit ZooCollator(const qrun::Config& c)
+      : budget_(c.get_int("tokens_per_batch")),
+        single_(c.get_string("strategy") == "single"),
+        drop_overlong_(c.get_bool("drop_overlong")),
+        stats_file_(c.get_optional_string("stats_file").value_or("")) {}
+
+  std::optional<qrun::Batch> next(qrun::ExampleStream& s) override {
+    std::vector<qrun::Example> take;
+    int64_t used = 0;
+    while (true) {
+      std::optional<qrun::Example> e;
+      if (pending_) e = std::move(pending_), pending_.reset();
+      else e = s.next();
+      if (!e) break;
+      int64_t n = static_cast<int64_t>(e->input_ids.size());
+      if (n > budget_) {
+        if (drop_overlong_) continue;
+        e->input_ids.resize(budget_);
+        e->labels.resize(budget_);
+        n = budget_;
+      }
+      if (used + n > budget_ || (single_ && !take.empty())) {
+        pending_ = std::move(e);
+        break;
+      }
+      used += n;
+      take.push_back(std::move(*e));
+    }
+    if (take.empty()) return std::nullopt;
+    std::vector<int64_t> ids, labels, pos;
+    std::vector<int32_t> cu = {0}, seq;
+    qrun::Batch b;
+    for (const auto& e : take) {
+      for (size_t t = 0; t < e.input_ids.size(); ++t) {
+        ids.push_back(e.input_ids[t]);
+        labels.push_back(e.labels[t]);
+        pos.push_back(static_cast<int64_t>(t));
+        seq.push_back(static_cast<int32_t>(cu.size() - 1));
+        if (t > 0 && e.labels[t] != qrun::kIgnoreIndex) b.loss_tokens++;
+      }
+      cu.push_back(static_cast<int32_t>(ids.size()));
+      b.seq.max_seqlen = std::max<int64_t>(b.seq.max_seqlen, e.input_ids.size());
+      b.sample_ids.push_back(e.id);
+    }
+    b.input_ids = at::tensor(ids, at::kLong);
+    b.labels = at::tensor(labels, at::kLong);
+    b.position_ids = at::tensor(pos, at::kLong);
+    b.seq.cu_seqlens = at::tensor(cu, at::kInt);
+    b.seq.cu_seqlens_host.assign(cu.begin(), cu.end());
+    b.seq.seq_idx = at::tensor(seq, at::kInt);
+    b.real_tokens = static_cast<int64_t>(ids.size());
+    if (!stats_file_.empty()) {
+      std::FILE* f = std::fopen(stats_file_.c_str(), "a");
+      QRUN_CHECK(f != nullptr, "zoo-collator: cannot append to stats_file {}", stats_file_);
+      std::fprintf(f, "%zu %lld\n", take.size(), static_cast<long long>(b.real_tokens));
+      std::fclose(f);
+    }
+    return b;
+  }
+
+ private:
+  int64_t budget_;
+  bool single_, drop_overlong_;
+  std::string stats_file_;
+  std::optional<qrun::Example> pending_;
+};
+
+class ZooProfiler : public qrun::Profiler {
+ public:
+  explicit ZooProfiler(const qrun::Config& c) : percentiles_(c.get_float_list("percentiles")) {}
+  void on_run_start(const std::string&) override { times_.clear(); }
+  void on_step_begin(int64_t) override {}
+  void on_step_end(const qrun::StepRecord& r) override { times_.push_back(r.seconds); }
+  void on_run_end() override {
+    if (times_.empty()) return;
+    std::sort(times_.begin(), times_.end());
+    for (double p : percentiles_) {
+      size_t i = std::min(times_.size() - 1, static_cast<size_t>(p / 100.0 * times_.size()));
+      qrun::log_info("zoo-profiler: p{} step time {:.4f}s", p, times_[i]);
+    }
+  }
+
+ private:
+  std::vector<double> percentiles_;
+  std::vector<double> times_;
+};
+
+void register_zoo(qrun::Registrar& r) {
+  using qrun::Field;
+  r.add<qrun::Tokenizer>("zoo-bytes", "UTF-8 bytes as token ids (tests)", qrun::Schema{},
+                         [](const qrun::Config&) { return std::make_unique<ZooBytes>(); });
+  r.add<qrun::ChatFormat>("zoo-plain", "'role: content' lines, loss on assistant (tests)",
+                          qrun::Schema{},
+                          [](const qrun::Config&) { return std::make_unique<ZooPlain>(); });
+  r.add<qrun::Dataset>(
+      "zoo-dataset", "deterministic synthetic examples (tests)",
+      qrun::Schema{
+          Field::integer("count").require().min(1).max(1000000).doc("examples per epoch"),
+          Field::integer("min_len", 1).min(1).doc("shortest example, tokens"),
+          Field::integer("max_len", 64).min(1).doc("longest example, tokens"),
+      },
+      [](const qrun::Config& c) { return std::make_unique<ZooDataset>(c); });
+  r.add<qrun::Collator>(
+      "zoo-collator", "greedy packing under a token budget (tests)",
+      qrun::Schema{
+          Field::integer("tokens_per_batch", 64).min(1).max(1 << 20).doc("token budget"),
+          Field::choice("strategy", "greedy", {"greedy", "single"}).doc("greedy packing or one sample per batch"),
+          Field::boolean("drop_overlong", false).doc("drop samples over the budget instead of truncating"),
+          Field::path("stats_file").doc("if set, one line per batch (samples, tokens) is appended here").optional(),
+      },
+      [](const qrun::Config& c) { return std::make_unique<ZooCollator>(c); });
+  r.add<qrun::Profiler>(
+      "zoo-profiler", "step-time percentiles (tests)",
+      qrun::Schema{Field::float_list("percentiles", {50.0, 90.0}).min(0).max(100).size(2).doc(
+                       "two percentiles to log at the end")},
+      [](const qrun::Config& c) { return std::make_unique<ZooProfiler>(c); });
+}
+
+}  // namespace
+
+QRUN_PLUGIN("test-zoo", "1.0.0", register_zoo)
