@@ -1,5 +1,5 @@
 // framework/text.h - small string helpers for messages: edit distance and "did you mean".
-// Written by hand: a 20-line Levenshtein is simpler than a dependency.
+// Written by hand: a 20-line edit distance is simpler than a dependency.
 #pragma once
 
 #include <string>

@@ -1,0 +1,99 @@
+// tests/unit - unit tests of the host's small modules: edit distance and suggestions, the
+// registry's conflict handling, Config access rules, --set parsing.
+#include "recipe.h"
+#include "registry.h"
+#include "text.h"
+
+#include <gtest/gtest.h>
+
+namespace {
+
+class Dummy : public qrun::Component {};
+
+qrun::ComponentInfo info(const std::string& kind, const std::string& name) {
+  return qrun::ComponentInfo{kind, name, "s", qrun::Schema{},
+                             [](const qrun::Config&) -> std::unique_ptr<qrun::Component> {
+                               return std::make_unique<Dummy>();
+                             }};
+}
+
+TEST(Text, EditDistance) {
+  EXPECT_EQ(qrun::edit_distance("", ""), 0u);
+  EXPECT_EQ(qrun::edit_distance("abc", ""), 3u);
+  EXPECT_EQ(qrun::edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(qrun::edit_distance("tokens_per_btach", "tokens_per_batch"), 1u);  // transposition
+  EXPECT_EQ(qrun::edit_distance("sdap", "sdpa"), 1u);
+}
+
+TEST(Text, SuggestsOnlyPlausibleTypos) {
+  std::vector<std::string> keys = {"tokens_per_batch", "strategy", "window"};
+  EXPECT_EQ(qrun::nearest("tokens_per_btach", keys), "tokens_per_batch");
+  EXPECT_EQ(qrun::nearest("stratgy", keys), "strategy");
+  EXPECT_EQ(qrun::nearest("completely_unrelated", keys), "");
+  EXPECT_EQ(qrun::did_you_mean("windw", keys), " (did you mean 'window'?)");
+  EXPECT_EQ(qrun::did_you_mean("zzz", {}), "");
+}
+
+TEST(Registry, ConflictNamesBothOriginsAndOnlyBlocksThatName) {
+  qrun::Registry r;
+  auto a = std::make_shared<qrun::PluginOrigin>(qrun::PluginOrigin{"/a.so", "a", "1", "x", 0});
+  auto b = std::make_shared<qrun::PluginOrigin>(qrun::PluginOrigin{"/b.so", "b", "1", "y", 0});
+  r.add(info("collator", "packed"), a);
+  r.add(info("collator", "packed"), b);
+  r.add(info("collator", "padded"), b);
+  try {
+    r.get("collator", "packed");
+    FAIL() << "expected a conflict";
+  } catch (const qrun::UserError& e) {
+    EXPECT_EQ(e.message(),
+              "collator 'packed' is registered by more than one plugin: a (/a.so) and b (/b.so); "
+              "remove one of the libraries from the plugin path");
+  }
+  EXPECT_NO_THROW(r.get("collator", "padded"));
+  EXPECT_EQ(r.names("collator"), (std::vector<std::string>{"packed", "padded"}));
+}
+
+TEST(Registry, UnknownNameSuggestsAndListsFailures) {
+  qrun::Registry r;
+  auto a = std::make_shared<qrun::PluginOrigin>(qrun::PluginOrigin{"/a.so", "a", "1", "x", 0});
+  r.add(info("attention", "sdpa"), a);
+  EXPECT_EQ(r.unknown_message("attention", "sdap"),
+            "unknown attention 'sdap' (did you mean 'sdpa'?); installed: sdpa");
+  EXPECT_EQ(r.unknown_message("ops", "fused"), "unknown ops 'fused'; no ops is installed");
+  r.add_failure({"/bad.so", "boom"});
+  EXPECT_EQ(r.unknown_message("ops", "fused"),
+            "unknown ops 'fused'; no ops is installed; note: 1 plugin library failed to load: "
+            "/bad.so (boom)");
+}
+
+TEST(ConfigAccess, TypedGettersAndInternalErrorsForPluginBugs) {
+  qrun::Config c("data.collator", {{"n", int64_t{3}}, {"x", 0.5}, {"s", std::string("a")}},
+                 {{"n", "r.yaml:3:4"}});
+  EXPECT_EQ(c.get_int("n"), 3);
+  EXPECT_DOUBLE_EQ(c.get_float("n"), 3.0);  // an int is a valid float
+  EXPECT_EQ(c.get_string("s"), "a");
+  EXPECT_EQ(c.location("n"), "r.yaml:3:4");
+  EXPECT_EQ(c.location("x"), "data.collator.x (default)");
+  EXPECT_THROW(c.get_int("missing"), qrun::InternalError);
+  EXPECT_THROW(c.get_int("s"), qrun::InternalError);
+}
+
+TEST(Overrides, ParseAndReject) {
+  auto [p, v] = qrun::parse_override("data.collator.tokens_per_batch=4096");
+  EXPECT_EQ(p, "data.collator.tokens_per_batch");
+  EXPECT_EQ(v, "4096");
+  EXPECT_EQ(qrun::parse_override("a=b=c").second, "b=c");
+  EXPECT_THROW(qrun::parse_override("novalue"), qrun::UserError);
+  EXPECT_THROW(qrun::parse_override("=3"), qrun::UserError);
+  EXPECT_THROW(qrun::parse_override("a..b=3"), qrun::UserError);
+  EXPECT_THROW(qrun::parse_override(".a=3"), qrun::UserError);
+}
+
+TEST(Layering, FrameworkNeverIncludesPlugins) {
+  // The host knows plugins only through the registry (docs/ARCHITECTURE.md).
+  std::string cmd = std::string("grep -rnE '#include[[:space:]]*[<\"][^>\"]*plugins/' ") +
+                    FRAMEWORK_DIR + " > /dev/null";
+  EXPECT_NE(std::system(cmd.c_str()), 0) << "framework/ includes a header from plugins/";
+}
+
+}  // namespace
