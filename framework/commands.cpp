@@ -3,11 +3,13 @@
 // libraries model awkwardly, so it is parsed by hand here with "did you mean" for unknown flags.
 #include "commands.h"
 
+#include "data_commands.h"
 #include "host_info.h"
 #include "plugin_loader.h"
 #include "recipe.h"
 #include "registry.h"
 #include "run.h"
+#include "trainer.h"
 #include "text.h"
 
 #include <qrun/sdk/plugin.h>
@@ -161,22 +163,41 @@ int cmd_version() {
 }
 
 int cmd_run(const std::vector<std::string>& args, size_t first) {
-  RecipeArgs a = parse_recipe_args("run", args, first);
+  RecipeArgs a = parse_recipe_args("run", args, first, {}, {"--resume"});
   Registry registry;
   load_plugins(registry);
   Recipe r = load_recipe(a.recipe, a.overrides, registry);
-  return run_recipe(r, registry);
+  return run_recipe(r, registry, a.options.count("--resume") > 0);
+}
+
+int cmd_eval(const std::vector<std::string>& args) {
+  RecipeArgs a = parse_recipe_args("eval", args, 1);
+  Registry registry;
+  load_plugins(registry);
+  Recipe r = load_recipe(a.recipe, a.overrides, registry);
+  return evaluate(r, registry);
 }
 
 }  // namespace
 
 int dispatch(const std::vector<std::string>& args) {
-  static const std::vector<std::string> commands = {"run", "validate", "plugins", "--version"};
+  static const std::vector<std::string> commands = {"run",  "validate", "eval",     "tokenize",
+                                                   "data", "plugins",  "--version"};
   const std::string& c = args[0];
   if (c == "--version" || c == "version") return cmd_version();
   if (c == "validate") return cmd_validate(args);
   if (c == "plugins") return cmd_plugins(args);
   if (c == "run") return cmd_run(args, 1);
+  if (c == "eval") return cmd_eval(args);
+  if (c == "tokenize" || c == "data") {
+    Registry registry;
+    load_plugins(registry);
+    if (c == "tokenize") return run_tokenize(args, registry);
+    static const std::vector<std::string> verbs = {"inspect"};
+    QRUN_CHECK(args.size() >= 2 && args[1] == "inspect", "data: expected a verb: {}{}", join(verbs),
+               args.size() >= 2 ? did_you_mean(args[1], verbs) : "");
+    return run_data_inspect(args, registry);
+  }
   if (c.rfind("-", 0) == 0)
     throw UserError(fmt::format("unknown option '{}'{}; see qrun --help", c, did_you_mean(c, commands)));
   // `qrun <recipe.yaml>`: a path, unless it looks like a misspelt command.

@@ -1,7 +1,10 @@
 // framework/main.cpp - the `qrun` command line.
 //
-//   qrun <recipe.yaml> [--set a.b=v ...]     run a recipe
+//   qrun <recipe.yaml> [--set a.b=v ...] [--resume]  run (train) a recipe
 //   qrun validate <recipe.yaml> [--set ...]  check a recipe without running it
+//   qrun eval <recipe.yaml> [--set ...]      mean loss and perplexity as JSON
+//   qrun tokenize --tokenizer DIR [--chat]   token ids (and loss masks) of stdin lines as JSON
+//   qrun data inspect <recipe.yaml> [-n N]   the first examples and the collator's statistics
 //   qrun plugins list                        what is installed, and what failed to load
 //   qrun plugins explain <kind>/<name>       a component's settings with defaults and docs
 //   qrun --version                           qrun, LibTorch, CUDA and every plugin's build id
@@ -25,8 +28,11 @@
 namespace {
 
 const char* kUsage =
-    "usage: qrun <recipe.yaml> [--set key.path=value ...]\n"
+    "usage: qrun <recipe.yaml> [--set key.path=value ...] [--resume]\n"
     "       qrun validate <recipe.yaml> [--set key.path=value ...]\n"
+    "       qrun eval <recipe.yaml> [--set key.path=value ...]\n"
+    "       qrun tokenize --tokenizer DIR [--chat]   (text lines or JSONL conversations on stdin)\n"
+    "       qrun data inspect <recipe.yaml> [-n N] [--set key.path=value ...]\n"
     "       qrun plugins list\n"
     "       qrun plugins explain <kind>/<name>\n"
     "       qrun --version | --help\n"

@@ -41,6 +41,7 @@ struct SectionSpec {
   std::string kind;                  // Slot / List
   std::string default_name;          // Slot: used when absent and the group's condition holds
   std::string required_if;           // Slot: required when this recipe path is present
+  bool soft_default = false;         // Slot: a default that is not installed is left out quietly
   std::vector<SectionSpec> children; // Group
   std::string defaults_if;           // Group: path whose presence turns on the children's defaults
 };
@@ -62,6 +63,10 @@ SectionSpec slot(std::string key, std::string kind, std::string doc, std::string
   s.doc = std::move(doc);
   s.default_name = std::move(def);
   s.required_if = std::move(required_if);
+  return s;
+}
+SectionSpec soft(SectionSpec s) {
+  s.soft_default = true;
   return s;
 }
 SectionSpec list(std::string key, std::string kind, std::string doc) {
@@ -97,11 +102,12 @@ const SectionSpec& recipe_layout() {
           slot("model", "model", "the network: builds it, loads and saves HF checkpoints"),
           group("kernels", "the backends the model's layers call",
                 {
-                    slot("attention", "attention", "full attention backend", "sdpa"),
-                    slot("linear_attention", "linear_attention",
-                         "gated delta rule backend", "gdn-reference"),
-                    slot("conv1d", "conv1d", "causal depthwise conv backend", "conv-reference"),
-                    slot("ops", "ops", "norms, activations and loss", "reference"),
+                    // A model that needs a kernel nobody installed says so when it is built.
+                    soft(slot("attention", "attention", "full attention backend", "sdpa")),
+                    soft(slot("linear_attention", "linear_attention",
+                              "gated delta rule backend", "gdn-reference")),
+                    soft(slot("conv1d", "conv1d", "causal depthwise conv backend", "conv-reference")),
+                    soft(slot("ops", "ops", "norms, activations and loss", "reference")),
                 },
                 /*defaults_if=*/"model"),
           group("data", "where examples come from and how they become batches",
@@ -114,6 +120,54 @@ const SectionSpec& recipe_layout() {
                     slot("eval_dataset", "dataset", "evaluation examples (optional)"),
                 },
                 /*defaults_if=*/"data.dataset"),
+          host("optimizer", "the optimizer (framework/optimizer.h)",
+               Schema{
+                   Field::choice("name", "adamw", {"adamw"}).doc("optimizer"),
+                   Field::number("lr", 1e-5).min(0).doc("peak learning rate"),
+                   Field::float_list("betas", {0.9, 0.95}).size(2).min(0).max(0.999999).doc(
+                       "Adam betas (beta1, beta2)"),
+                   Field::number("eps", 1e-8).min(0).doc("Adam epsilon"),
+                   Field::number("weight_decay", 0.0).min(0).doc(
+                       "decoupled weight decay, applied to every parameter"),
+               }),
+          host("schedule", "the learning-rate schedule",
+               Schema{
+                   Field::choice("name", "cosine", {"constant", "linear", "cosine"})
+                       .doc("shape after warm-up"),
+                   Field::integer("warmup_steps", 0).min(0).doc("linear warm-up from 0"),
+                   Field::number("min_lr_ratio", 0.0).min(0).max(1).doc(
+                       "final learning rate as a fraction of the peak"),
+               }),
+          host("train", "the training loop",
+               Schema{
+                   Field::integer("epochs", 1).min(1).doc("passes over the dataset"),
+                   Field::integer("max_steps", 0).min(0).doc(
+                       "stop after this many optimizer steps; 0 = when the epochs end"),
+                   Field::integer("grad_accum", 1).min(1).doc("micro-batches per optimizer step"),
+                   Field::number("clip_grad_norm", 1.0).min(0).doc(
+                       "clip the global gradient norm to this; 0 = off"),
+                   Field::choice("on_nonfinite", "halt", {"halt", "skip"})
+                       .doc("a NaN/Inf loss or gradient halts the run, or skips the step"),
+                   Field::integer("log_every", 1).min(1).doc("log a line every N steps"),
+                   Field::number("peak_tflops", 0.0).min(0).doc(
+                       "peak FLOP/s of one device for MFU, in TFLOP/s; 0 = known GPUs only"),
+               }),
+          host("precision", "dtypes of parameters and activations",
+               Schema{
+                   Field::choice("param", "fp32", {"fp32", "bf16"}).doc("parameter storage dtype"),
+                   Field::choice("compute", "fp32", {"fp32", "bf16"}).doc("activation dtype"),
+                   Field::boolean("master_weights", false).doc(
+                       "keep fp32 master copies of bf16 parameters in the optimizer"),
+               }),
+          host("checkpoint", "saving and resuming",
+               Schema{
+                   Field::path("dir").optional().doc("defaults to <run.dir>/checkpoints"),
+                   Field::integer("every_steps", 0).min(0).doc(
+                       "save every N steps; 0 = only at the end (and on SIGINT/SIGTERM)"),
+                   Field::integer("keep", 2).min(1).doc("checkpoints kept (oldest deleted)"),
+                   Field::choice("resume", "never", {"never", "auto"}).doc(
+                       "auto: continue from the newest complete checkpoint"),
+               }),
           list("profiler", "profiler", "observers of the training steps"),
       });
   return layout;
@@ -502,6 +556,7 @@ class Validator {
       c.kind = spec.kind;
       c.name = spec.default_name;
       const RegistryEntry* e = registry_.find(spec.kind, c.name);
+      if (e == nullptr && spec.soft_default) return;
       if (e == nullptr || !e->conflicts.empty()) {
         error(root, path,
               fmt::format("{} defaults to '{}', but {}; name one in the recipe", path, c.name,

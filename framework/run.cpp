@@ -1,10 +1,12 @@
 // framework/run.cpp - runs a validated recipe: makes the run directory, writes the resolved
 // recipe, builds the components in dependency order and drives them.
 //
-// Until the trainer exists (issue #5) a run goes as far as real code reaches: the data path
-// streams one epoch through the collator and reports its statistics, and the model is built
-// and summarised. It never prints training output it did not compute.
+// A recipe with a model trains it (trainer.h). A data-only recipe streams one epoch through the
+// collator and reports its statistics (useful to size tokens_per_batch).
 #include "run.h"
+
+#include "components.h"
+#include "trainer.h"
 
 #include <qrun/sdk/data.h>
 #include <qrun/sdk/kernels.h>
@@ -18,18 +20,6 @@ namespace fs = std::filesystem;
 
 namespace qrun {
 namespace {
-
-template <typename T>
-std::unique_ptr<T> make(const Recipe& r, const Registry& reg, const std::string& path) {
-  const ComponentSpec* c = r.component(path);
-  QRUN_ASSERT(c != nullptr, "component '{}' was not resolved", path);
-  try {
-    return reg.create<T>(c->name, c->config);
-  } catch (Error& e) {
-    e.add_context(fmt::format("while creating {} '{}' ({})", path, c->name, r.file));
-    throw;
-  }
-}
 
 void write_atomically(const fs::path& file, const std::string& text) {
   fs::path tmp = file;
@@ -45,10 +35,10 @@ void write_atomically(const fs::path& file, const std::string& text) {
 }
 
 void run_data(const Recipe& r, const Registry& reg) {
-  auto tokenizer = make<Tokenizer>(r, reg, "data.tokenizer");
-  auto chat = make<ChatFormat>(r, reg, "data.chat_format");
-  auto dataset = make<Dataset>(r, reg, "data.dataset");
-  auto collator = make<Collator>(r, reg, "data.collator");
+  auto tokenizer = make_component<Tokenizer>(r, reg, "data.tokenizer");
+  auto chat = make_component<ChatFormat>(r, reg, "data.chat_format");
+  auto dataset = make_component<Dataset>(r, reg, "data.dataset");
+  auto collator = make_component<Collator>(r, reg, "data.collator");
   DataContext ctx{tokenizer.get(), chat.get(), static_cast<uint64_t>(r.section("run").get_int("seed"))};
   auto t0 = std::chrono::steady_clock::now();
   auto stream = dataset->open(ctx, 0, "");
@@ -70,7 +60,7 @@ void run_data(const Recipe& r, const Registry& reg) {
 
 }  // namespace
 
-int run_recipe(const Recipe& r, const Registry& reg) {
+int run_recipe(const Recipe& r, const Registry& reg, bool resume) {
   fs::path dir = r.section("run").get_string("dir");
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -78,11 +68,10 @@ int run_recipe(const Recipe& r, const Registry& reg) {
   write_atomically(dir / "recipe.resolved.yaml", r.resolved_yaml());
   log_info("run '{}': resolved recipe written to {}", r.section("run").get_string("name"),
            (dir / "recipe.resolved.yaml").string());
+  if (r.component("model") != nullptr) return train(r, reg, resume);
+  QRUN_CHECK(!resume, "--resume needs a recipe with a model");
+  // A data-only recipe: stream the data once and report what the collator made of it.
   if (r.component("data.dataset") != nullptr) run_data(r, reg);
-  if (r.component("model") != nullptr) {
-    throw UserError("this qrun has no trainer yet, so a recipe with a model cannot run; "
-                    "`qrun validate` checks it");
-  }
   return 0;
 }
 

@@ -7,6 +7,6 @@
 namespace qrun {
 
 // Builds every component the recipe names and runs it. Returns the exit code.
-int run_recipe(const Recipe& recipe, const Registry& registry);
+int run_recipe(const Recipe& recipe, const Registry& registry, bool resume = false);
 
 }  // namespace qrun

@@ -6,9 +6,11 @@
 //   dataset     zoo-dataset   `count` deterministic synthetic examples, resumable cursor
 //   collator    zoo-collator  greedy packing under a token budget (every schema field type)
 //   profiler    zoo-profiler  logs step-time percentiles at the end of a run (float lists)
+//   model       zoo-bigram    embedding -> tanh -> vocabulary head over bytes; trains in seconds
 #include <qrun/sdk.h>
 
 #include <ATen/ATen.h>
+#include <torch/serialize.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -162,6 +164,39 @@ class ZooCollator : public qrun::Collator {
     return b;
   }
 
+  // The example held back for the next batch: "id|ids|labels" (comma lists), or "{}".
+  std::string state() const override {
+    if (!pending_) return "{}";
+    auto list = [](const std::vector<int32_t>& v) {
+      std::string s;
+      for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+      return s;
+    };
+    return std::to_string(pending_->id) + "|" + list(pending_->input_ids) + "|" + list(pending_->labels);
+  }
+  void restore(const std::string& state) override {
+    pending_.reset();
+    if (state == "{}" || state.empty()) return;
+    auto parse = [](const std::string& s) {
+      std::vector<int32_t> v;
+      size_t start = 0;
+      while (start < s.size()) {
+        size_t end = s.find(',', start);
+        if (end == std::string::npos) end = s.size();
+        v.push_back(std::stoi(s.substr(start, end - start)));
+        start = end + 1;
+      }
+      return v;
+    };
+    size_t a = state.find('|'), b = state.find('|', a + 1);
+    QRUN_CHECK(a != std::string::npos && b != std::string::npos, "zoo-collator: bad state '{}'", state);
+    qrun::Example e;
+    e.id = std::stoll(state.substr(0, a));
+    e.input_ids = parse(state.substr(a + 1, b - a - 1));
+    e.labels = parse(state.substr(b + 1));
+    pending_ = std::move(e);
+  }
+
  private:
   int64_t budget_;
   bool single_, drop_overlong_;
@@ -189,7 +224,71 @@ class ZooProfiler : public qrun::Profiler {
   std::vector<double> times_;
 };
 
+// A tiny real model for trainer tests: logits = tanh(E[ids]) W^T, loss shifted inside samples.
+class ZooBigram : public qrun::Model {
+ public:
+  explicit ZooBigram(const qrun::Config& c) : hidden_(c.get_int("hidden")) {}
+
+  void build(const qrun::ModelKernels&, const qrun::ModelPlacement& p) override {
+    auto opt = at::TensorOptions().dtype(p.param_dtype).device(p.device);
+    auto gen = at::detail::createCPUGenerator(p.seed);
+    embed_ = (at::randn({256, hidden_}, gen) * 0.5).to(opt).set_requires_grad(true);
+    head_ = (at::randn({256, hidden_}, gen) * 0.1).to(opt).set_requires_grad(true);
+  }
+
+  qrun::ModelOutput forward(const qrun::Batch& b, bool return_logits) override {
+    at::Tensor ids = b.input_ids.reshape({-1});
+    at::Tensor labels = b.labels.reshape({-1});
+    at::Tensor seq = b.seq.seq_idx.reshape({-1});
+    int64_t t = ids.size(0);
+    at::Tensor logits = at::matmul(at::tanh(embed_.index_select(0, ids)), head_.t()).to(at::kFloat);
+    // The target of position i is labels[i + 1] of the same sample (batch.h).
+    at::Tensor targets = at::full({t}, qrun::kIgnoreIndex, labels.options());
+    if (t > 1) {
+      at::Tensor same = seq.slice(0, 1).eq(seq.slice(0, 0, t - 1)).logical_and(seq.slice(0, 0, t - 1).ge(0));
+      targets.slice(0, 0, t - 1).copy_(at::where(same, labels.slice(0, 1), at::full_like(labels.slice(0, 1), qrun::kIgnoreIndex)));
+    }
+    qrun::ModelOutput out;
+    out.loss_sum = at::cross_entropy_loss(logits, targets, {}, at::Reduction::Sum, qrun::kIgnoreIndex);
+    out.loss_tokens = targets.ne(qrun::kIgnoreIndex).sum().item<int64_t>();
+    if (return_logits) out.logits = logits;
+    return out;
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() override {
+    return {{"embed.weight", embed_}, {"head.weight", head_}};
+  }
+
+  void save(const std::string& dir) override {
+    torch::serialize::OutputArchive ar;
+    for (auto& [n, p] : named_parameters()) ar.write(n, p.detach());
+    ar.save_to(dir + "/zoo-bigram.pt");
+  }
+
+  double train_flops_per_token(const std::vector<int64_t>&) const override {
+    return 6.0 * 256 * static_cast<double>(hidden_);
+  }
+
+  qrun::ModelSummary summary() const override {
+    qrun::ModelSummary s;
+    s.family = "zoo-bigram";
+    s.num_layers = 1;
+    s.hidden_size = hidden_;
+    s.vocab_size = 256;
+    s.num_parameters = 2 * 256 * hidden_;
+    s.description = fmt::format("zoo-bigram, hidden {}", hidden_);
+    return s;
+  }
+
+ private:
+  int64_t hidden_;
+  at::Tensor embed_, head_;
+};
+
 void register_zoo(qrun::Registrar& r) {
+  r.add<qrun::Model>("zoo-bigram", "a tiny byte-level model for trainer tests",
+                     qrun::Schema{qrun::Field::integer("hidden", 16).min(1).max(4096).doc("embedding width")},
+                     [](const qrun::Config& c) { return std::make_unique<ZooBigram>(c); });
   using qrun::Field;
   r.add<qrun::Tokenizer>("zoo-bytes", "UTF-8 bytes as token ids (tests)", qrun::Schema{},
                          [](const qrun::Config&) { return std::make_unique<ZooBytes>(); });

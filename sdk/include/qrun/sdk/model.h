@@ -22,6 +22,8 @@
 namespace qrun {
 
 // The backends a model calls. Not owned: the host keeps them alive longer than the model.
+// A pointer is null when the recipe names no such kernel and its default is not installed; a
+// model that needs it throws a UserError from build() naming the recipe key (kernels.<kind>).
 struct ModelKernels {
   Attention* attention = nullptr;
   LinearAttention* linear_attention = nullptr;

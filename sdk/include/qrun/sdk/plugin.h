@@ -11,8 +11,8 @@
 //     static void register_all(qrun::Registrar& r) { r.add<qrun::Collator>("hello", ...); }
 //     QRUN_PLUGIN("hello-collator", "0.1.0", register_all)
 //
-// The build passes QRUN_PLUGIN_BUILD_ID and QRUN_PLUGIN_CUDA_MAJOR (qrun_add_plugin() in
-// QrunPlugin.cmake does). Plugins are never unloaded. Added in SDK 1.
+// The build passes QRUN_PLUGIN_CUDA_MAJOR and generates the build id (qrun_add_plugin() in
+// QrunPlugin.cmake does both). Plugins are never unloaded. Added in SDK 1.
 #pragma once
 
 #include <qrun/sdk/component.h>
@@ -25,9 +25,10 @@
 #define QRUN_ABI_VERSION 1
 #define QRUN_ENTRY_SYMBOL "qrun_plugin_descriptor"
 
-#ifndef QRUN_PLUGIN_BUILD_ID
-#define QRUN_PLUGIN_BUILD_ID "unknown"
-#endif
+// The build id lives in one generated source per plugin (qrun_add_plugin() writes it), so a new
+// commit recompiles one tiny file instead of every source of the plugin. Without it: "unknown".
+extern "C" __attribute__((weak, visibility("hidden"))) const char qrun_plugin_build_id_string[] =
+    "unknown";
 #ifndef QRUN_PLUGIN_CUDA_MAJOR
 #define QRUN_PLUGIN_CUDA_MAJOR 0
 #endif
@@ -62,7 +63,7 @@ typedef const qrun_plugin_descriptor_t* (*qrun_plugin_entry_fn)(void);
                                                QRUN_PLUGIN_CUDA_MAJOR,                     \
                                                NAME,                                       \
                                                VERSION,                                    \
-                                               QRUN_PLUGIN_BUILD_ID,                       \
+                                               qrun_plugin_build_id_string,                \
                                                &qrun_plugin_register_trampoline};          \
     return &d;                                                                             \
   }

@@ -1,0 +1,64 @@
+// framework/optimizer.h - AdamW over a model's parameters and the learning-rate schedules.
+//
+// Why our own wrapper rather than torch::optim::AdamW: the step must be the fused multi-tensor
+// kernel (at::_fused_adamw_, one launch per dtype group on GPU, vectorised on CPU) instead of a
+// per-parameter loop of small ops, we need optional fp32 master weights for bf16 parameters, and
+// the state must serialise by parameter *name* so checkpoints survive reordering.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch::serialize {
+class InputArchive;
+class OutputArchive;
+}  // namespace torch::serialize
+
+namespace qrun {
+
+struct AdamWOptions {
+  double lr = 1e-5;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool master_weights = false;  // keep fp32 copies of low-precision parameters
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions opt);
+
+  // One update with learning rate `lr` from the gradients in .grad(); parameters without a
+  // gradient are skipped.
+  void step(double lr);
+  void zero_grad();
+  int64_t steps_taken() const { return steps_; }
+
+  void save(torch::serialize::OutputArchive& ar) const;
+  // Throws UserError when the archive does not match these parameters.
+  void load(torch::serialize::InputArchive& ar);
+
+ private:
+  struct Slot {
+    std::string name;
+    at::Tensor param;   // the model's parameter
+    at::Tensor master;  // fp32 copy when master weights are on, else == param
+    at::Tensor exp_avg, exp_avg_sq, step;
+  };
+  std::vector<Slot> slots_;
+  AdamWOptions opt_;
+  int64_t steps_ = 0;
+};
+
+enum class ScheduleKind { Constant, Linear, Cosine };
+
+// lr(step) for step = 0, 1, ...: linear warm-up from 0 over `warmup` steps, then constant, linear
+// decay or cosine decay to min_ratio * peak at `total` steps.
+double schedule_lr(ScheduleKind kind, double peak, int64_t step, int64_t warmup, int64_t total,
+                   double min_ratio);
+
+}  // namespace qrun

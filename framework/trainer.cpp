@@ -1,0 +1,458 @@
+// framework/trainer.cpp - the training loop, readable top to bottom (trainer.h says what it
+// promises). One optimizer step:
+//   1. pull grad_accum micro-batches from the collator (CPU tensors);
+//   2. forward + backward each, the loss of each scaled by 1 / (loss tokens of the whole step),
+//      so N micro-batches give exactly the gradient of one batch of the same samples;
+//   3. global gradient norm, clipping, a NaN/Inf guard;
+//   4. AdamW with the scheduled learning rate;
+//   5. metrics, progress, and a checkpoint when due (or when SIGINT/SIGTERM asked to stop).
+#include "trainer.h"
+
+#include "checkpoint.h"
+#include "components.h"
+#include "optimizer.h"
+
+#include <qrun/sdk/data.h>
+#include <qrun/sdk/kernels.h>
+#include <qrun/sdk/model.h>
+#include <qrun/sdk/run.h>
+
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <fstream>
+
+namespace fs = std::filesystem;
+
+namespace qrun {
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+  // A second signal ends the process the default way.
+  std::signal(sig, SIG_DFL);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string human_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t / 60) % 60);
+  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+c10::Device pick_device(const Config& run) {
+  const std::string& d = run.get_string("device");
+  bool cuda = torch::cuda::is_available();
+  if (d == "cuda") {
+    QRUN_CHECK(cuda, "{}: device is cuda, but no CUDA device is available", run.location("device"));
+    return c10::Device(c10::kCUDA, 0);
+  }
+  if (d == "auto" && cuda) return c10::Device(c10::kCUDA, 0);
+  return c10::Device(c10::kCPU);
+}
+
+c10::ScalarType dtype_of(const std::string& s) { return s == "bf16" ? c10::kBFloat16 : c10::kFloat; }
+
+double peak_flops(const Config& train, const c10::Device& device) {
+  double t = train.get_float("peak_tflops");
+  if (t > 0) return t * 1e12;
+  if (device.is_cuda()) return 989.4e12;  // H100/H200 dense bf16; set train.peak_tflops otherwise
+  return 0;
+}
+
+int64_t peak_rss_mib() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += c;
+    else if (static_cast<unsigned char>(c) < 0x20) o += fmt::format("\\u{:04x}", c);
+    else o += c;
+  }
+  return o;
+}
+
+// Everything the loop needs, built from the recipe in dependency order.
+struct Run {
+  const Recipe& recipe;
+  const Registry& registry;
+  fs::path run_dir;
+  c10::Device device = c10::Device(c10::kCPU);
+  std::unique_ptr<Attention> attention;
+  std::unique_ptr<LinearAttention> linear_attention;
+  std::unique_ptr<Conv1d> conv1d;
+  std::unique_ptr<Ops> ops;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ChatFormat> chat;
+  std::unique_ptr<Dataset> dataset;
+  std::unique_ptr<Collator> collator;
+  std::vector<std::unique_ptr<Profiler>> profilers;
+
+  Run(const Recipe& r, const Registry& reg) : recipe(r), registry(reg) {
+    run_dir = r.section("run").get_string("dir");
+    device = pick_device(r.section("run"));
+    QRUN_CHECK(r.component("model") != nullptr, "{}: a training run needs a model: section", r.file);
+    QRUN_CHECK(r.component("data.dataset") != nullptr, "{}: a training run needs data.dataset", r.file);
+    at::manual_seed(static_cast<uint64_t>(r.section("run").get_int("seed")));
+    // Kernels the recipe resolved (named, or an installed default); the model says if it lacks one.
+    if (r.component("kernels.attention")) attention = make_component<Attention>(r, reg, "kernels.attention");
+    if (r.component("kernels.linear_attention"))
+      linear_attention = make_component<LinearAttention>(r, reg, "kernels.linear_attention");
+    if (r.component("kernels.conv1d")) conv1d = make_component<Conv1d>(r, reg, "kernels.conv1d");
+    if (r.component("kernels.ops")) ops = make_component<Ops>(r, reg, "kernels.ops");
+    model = make_component<Model>(r, reg, "model");
+    ModelPlacement placement;
+    placement.device = device;
+    placement.param_dtype = dtype_of(r.section("precision").get_string("param"));
+    placement.compute_dtype = dtype_of(r.section("precision").get_string("compute"));
+    placement.seed = static_cast<uint64_t>(r.section("run").get_int("seed"));
+    try {
+      model->build({attention.get(), linear_attention.get(), conv1d.get(), ops.get()}, placement);
+    } catch (Error& e) {
+      e.add_context(fmt::format("while building model '{}'", r.component("model")->name));
+      throw;
+    }
+    tokenizer = make_component<Tokenizer>(r, reg, "data.tokenizer");
+    chat = make_component<ChatFormat>(r, reg, "data.chat_format");
+    dataset = make_component<Dataset>(r, reg, "data.dataset");
+    collator = make_component<Collator>(r, reg, "data.collator");
+    for (const auto& p : r.profilers) profilers.push_back(reg.create<Profiler>(p.name, p.config));
+  }
+
+  DataContext data_context() const {
+    return DataContext{tokenizer.get(), chat.get(),
+                       static_cast<uint64_t>(recipe.section("run").get_int("seed"))};
+  }
+};
+
+struct TrainState {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  std::string cursor;          // dataset cursor at the end of the last step
+  std::string collator_state;  // examples the collator holds
+  double tokens_seen = 0;
+};
+
+std::string state_json(const TrainState& s) {
+  return fmt::format(
+      "{{\"step\": {}, \"epoch\": {}, \"tokens_seen\": {}, \"cursor\": \"{}\", \"collator_state\": \"{}\"}}\n",
+      s.step, s.epoch, s.tokens_seen, json_escape(s.cursor), json_escape(s.collator_state));
+}
+
+void save_checkpoint(Run& run, AdamW& opt, const TrainState& st, const fs::path& root, int64_t keep) {
+  auto t0 = std::chrono::steady_clock::now();
+  fs::path dir = write_checkpoint(root, st.step, [&](const fs::path& tmp) {
+    fs::create_directories(tmp / "model");
+    run.model->save((tmp / "model").string());
+    torch::serialize::OutputArchive ar;
+    for (const auto& [name, p] : run.model->named_parameters()) ar.write("param." + name, p.detach());
+    opt.save(ar);
+    ar.write("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
+    ar.save_to((tmp / "trainer.pt").string());
+    std::ofstream(tmp / "recipe.resolved.yaml") << run.recipe.resolved_yaml();
+    std::ofstream(tmp / "state.json") << state_json(st);  // last: marks the files complete
+  });
+  prune_checkpoints(root, keep);
+  log_info("checkpoint: step {} saved to {} in {:.1f}s", st.step, dir.string(), seconds_since(t0));
+}
+
+// Minimal JSON field extraction for our own state.json (written above, so the format is fixed).
+std::string json_field(const std::string& text, const std::string& key) {
+  std::string k = "\"" + key + "\": ";
+  size_t a = text.find(k);
+  QRUN_CHECK(a != std::string::npos, "state.json has no '{}'", key);
+  a += k.size();
+  if (text[a] == '"') {
+    std::string out;
+    for (size_t i = a + 1; i < text.size(); ++i) {
+      if (text[i] == '\\' && i + 1 < text.size()) {
+        char n = text[++i];
+        if (n == 'u') {
+          out += static_cast<char>(std::stoi(text.substr(i + 1, 4), nullptr, 16));
+          i += 4;
+        } else {
+          out += n;
+        }
+      } else if (text[i] == '"') {
+        return out;
+      } else {
+        out += text[i];
+      }
+    }
+    throw UserError(fmt::format("state.json: unterminated string for '{}'", key));
+  }
+  size_t b = text.find_first_of(",}", a);
+  return text.substr(a, b - a);
+}
+
+TrainState load_checkpoint(Run& run, AdamW& opt, const CheckpointRef& ck) {
+  std::ifstream in(ck.dir / "state.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  TrainState st;
+  try {
+    st.step = std::stoll(json_field(text, "step"));
+    st.epoch = std::stoll(json_field(text, "epoch"));
+    st.tokens_seen = std::stod(json_field(text, "tokens_seen"));
+    st.cursor = json_field(text, "cursor");
+    st.collator_state = json_field(text, "collator_state");
+    torch::serialize::InputArchive ar;
+    ar.load_from((ck.dir / "trainer.pt").string());
+    at::NoGradGuard no_grad;
+    for (auto& [name, p] : run.model->named_parameters()) {
+      at::Tensor t;
+      QRUN_CHECK(ar.try_read("param." + name, t), "checkpoint has no parameter '{}'", name);
+      QRUN_CHECK(t.sizes() == p.sizes(), "parameter '{}' has another shape in the checkpoint", name);
+      p.copy_(t);
+    }
+    opt.load(ar);
+    at::Tensor rng;
+    if (ar.try_read("rng.cpu", rng)) {
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      gen.set_state(rng);
+    }
+  } catch (Error& e) {
+    e.add_context(fmt::format("while resuming from checkpoint {}", ck.dir.string()));
+    throw;
+  } catch (const c10::Error& e) {
+    throw UserError(fmt::format("cannot resume from checkpoint {}: {}", ck.dir.string(),
+                                e.what_without_backtrace()));
+  }
+  return st;
+}
+
+// Counts the optimizer steps of one epoch by streaming it through the collator once.
+int64_t steps_per_epoch(Run& run, int64_t grad_accum) {
+  auto stream = run.dataset->open(run.data_context(), 0, "");
+  auto collator = make_component<Collator>(run.recipe, run.registry, "data.collator");
+  int64_t batches = 0;
+  while (collator->next(*stream)) batches++;
+  return (batches + grad_accum - 1) / grad_accum;
+}
+
+}  // namespace
+
+int train(const Recipe& r, const Registry& reg, bool resume) {
+  Run run(r, reg);
+  const Config& train = r.section("train");
+  const Config& optc = r.section("optimizer");
+  const Config& sched = r.section("schedule");
+  const Config& ckc = r.section("checkpoint");
+  const int64_t grad_accum = train.get_int("grad_accum");
+  const int64_t epochs = train.get_int("epochs");
+  const double clip = train.get_float("clip_grad_norm");
+  const bool skip_nonfinite = train.get_string("on_nonfinite") == "skip";
+  const int64_t log_every = train.get_int("log_every");
+  const fs::path ckpt_root = ckc.has("dir") ? fs::path(ckc.get_string("dir")) : run.run_dir / "checkpoints";
+  const int64_t every = ckc.get_int("every_steps"), keep = ckc.get_int("keep");
+  resume = resume || ckc.get_string("resume") == "auto";
+
+  auto params = run.model->named_parameters();
+  std::vector<std::pair<std::string, at::Tensor>> trainable;
+  for (auto& [n, p] : params)
+    if (p.requires_grad()) trainable.emplace_back(n, p);
+  AdamWOptions ao;
+  ao.lr = optc.get_float("lr");
+  ao.beta1 = optc.get_float_list("betas")[0];
+  ao.beta2 = optc.get_float_list("betas")[1];
+  ao.eps = optc.get_float("eps");
+  ao.weight_decay = optc.get_float("weight_decay");
+  ao.master_weights = r.section("precision").get_bool("master_weights");
+  AdamW opt(trainable, ao);
+
+  ModelSummary ms = run.model->summary();
+  log_info("model: {} ({} parameters) on {}", ms.description, ms.num_parameters, run.device.str());
+
+  int64_t total_steps = train.get_int("max_steps");
+  const std::string sched_name = sched.get_string("name");
+  ScheduleKind kind = sched_name == "constant" ? ScheduleKind::Constant
+                      : sched_name == "linear" ? ScheduleKind::Linear
+                                               : ScheduleKind::Cosine;
+  if (total_steps == 0) {
+    int64_t per_epoch = steps_per_epoch(run, grad_accum);
+    total_steps = per_epoch * epochs;
+    log_info("data: {} optimizer steps per epoch, {} in total", per_epoch, total_steps);
+  }
+
+  TrainState st;
+  if (resume) {
+    if (auto ck = newest_checkpoint(ckpt_root)) {
+      st = load_checkpoint(run, opt, *ck);
+      log_info("resumed from {} (step {}, epoch {})", ck->dir.string(), st.step, st.epoch);
+    } else {
+      log_info("resume: no checkpoint under {}, starting fresh", ckpt_root.string());
+    }
+  }
+
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  std::ofstream metrics(run.run_dir / "metrics.jsonl", std::ios::app);
+  QRUN_CHECK(metrics.good(), "cannot write {}", (run.run_dir / "metrics.jsonl").string());
+  const double peak = peak_flops(train, run.device);
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  for (auto& p : run.profilers) p->on_run_start(run.run_dir.string());
+
+  auto stream = run.dataset->open(run.data_context(), st.epoch, st.cursor);
+  run.collator->restore(st.collator_state.empty() ? "{}" : st.collator_state);
+  auto t_start = std::chrono::steady_clock::now();
+  int64_t start_step = st.step;
+  double last_loss = std::nan("");
+  bool stopped = false;
+
+  while (st.step < total_steps) {
+    // 1. micro-batches of this step
+    std::vector<Batch> micro;
+    while (static_cast<int64_t>(micro.size()) < grad_accum) {
+      auto b = run.collator->next(*stream);
+      if (b) {
+        micro.push_back(std::move(*b));
+        continue;
+      }
+      if (!micro.empty()) break;  // a short last step of the epoch
+      if (++st.epoch >= epochs) break;
+      stream = run.dataset->open(run.data_context(), st.epoch, "");
+      run.collator->restore("{}");
+    }
+    if (micro.empty()) break;
+    auto t0 = std::chrono::steady_clock::now();
+    for (auto& p : run.profilers) p->on_step_begin(st.step);
+    int64_t loss_tokens = 0, real = 0, pad = 0;
+    std::vector<int64_t> seq_lens, sample_ids;
+    for (const auto& b : micro) {
+      loss_tokens += b.loss_tokens;
+      real += b.real_tokens;
+      pad += b.padding_tokens;
+      for (int64_t i = 0; i < b.num_seqs(); ++i) seq_lens.push_back(b.seq.seq_len(i));
+      sample_ids.insert(sample_ids.end(), b.sample_ids.begin(), b.sample_ids.end());
+    }
+    // 2. forward + backward
+    double loss_sum = 0;
+    if (loss_tokens > 0) {
+      for (const auto& b : micro) {
+        ModelOutput out = run.model->forward(b.to(run.device));
+        (out.loss_sum / static_cast<double>(loss_tokens)).backward();
+        loss_sum += out.loss_sum.detach().item<double>();
+      }
+    }
+    double loss = loss_tokens > 0 ? loss_sum / loss_tokens : std::nan("");
+    // 3. gradient norm, clipping, guard
+    std::vector<at::Tensor> grads;
+    for (auto& [n, p] : trainable)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    double gnorm = 0;
+    if (!grads.empty()) {
+      std::vector<at::Tensor> norms;
+      for (auto& g : grads) norms.push_back(g.detach().to(at::kFloat).norm());
+      gnorm = at::stack(norms).norm().item<double>();
+      if (clip > 0 && gnorm > clip)
+        for (auto& g : grads) g.mul_(clip / (gnorm + 1e-6));
+    }
+    bool finite = std::isfinite(gnorm) && (loss_tokens == 0 || std::isfinite(loss));
+    if (!finite) {
+      std::string ids = fmt::format("{}", fmt::join(sample_ids, ", "));
+      if (!skip_nonfinite)
+        throw UserError(fmt::format(
+            "step {}: the {} is not finite (loss {}, gradient norm {}); samples in the batch: {}. "
+            "Try a lower optimizer.lr, clip_grad_norm, precision.master_weights: true, or "
+            "train.on_nonfinite: skip",
+            st.step + 1, std::isfinite(loss) ? "gradient" : "loss", loss, gnorm, ids));
+      log_warn("step {}: non-finite loss or gradient, step skipped (samples {})", st.step + 1, ids);
+      opt.zero_grad();
+      continue;
+    }
+    // 4. the update
+    double lr = schedule_lr(kind, ao.lr, st.step, sched.get_int("warmup_steps"), total_steps,
+                            sched.get_float("min_lr_ratio"));
+    if (loss_tokens > 0) opt.step(lr);
+    opt.zero_grad();
+    if (run.device.is_cuda()) torch::cuda::synchronize();
+    st.step++;
+    st.cursor = stream->cursor();
+    st.collator_state = run.collator->state();
+    st.tokens_seen += real;
+    last_loss = loss;
+    // 5. metrics, progress, checkpoints
+    double dt = seconds_since(t0);
+    double tps = real / std::max(dt, 1e-9);
+    double flops = run.model->train_flops_per_token(seq_lens);
+    double mfu = peak > 0 ? tps * flops / peak : std::nan("");
+    metrics << fmt::format(
+        "{{\"step\": {}, \"epoch\": {}, \"loss\": {}, \"lr\": {}, \"grad_norm\": {}, "
+        "\"real_tokens\": {}, \"padding_tokens\": {}, \"loss_tokens\": {}, \"tokens_per_s\": {:.1f}, "
+        "\"mfu\": {}, \"step_time_s\": {:.4f}, \"peak_rss_mib\": {}}}\n",
+        st.step, st.epoch, std::isfinite(loss) ? fmt::format("{:.6f}", loss) : "null", lr, gnorm,
+        real, pad, loss_tokens, tps, std::isfinite(mfu) ? fmt::format("{:.4f}", mfu) : "null", dt,
+        peak_rss_mib());
+    metrics.flush();
+    StepRecord rec{st.step, dt, real, pad, loss_tokens, loss};
+    for (auto& p : run.profilers) p->on_step_end(rec);
+    double elapsed = seconds_since(t_start);
+    double eta = elapsed / static_cast<double>(st.step - start_step) * (total_steps - st.step);
+    std::string line = fmt::format("step {}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | ETA {}",
+                                   st.step, total_steps, st.epoch + 1, loss, lr, tps, human_duration(eta));
+    if (tty) {
+      std::fprintf(stderr, "\r%-100s", line.c_str());
+      if (st.step == total_steps) std::fprintf(stderr, "\n");
+    } else if (st.step % log_every == 0 || st.step == total_steps) {
+      log_info("{}", line);
+    }
+    if (g_stop_signal.load() != 0) {
+      if (tty) std::fprintf(stderr, "\n");
+      log_info("signal {} received: saving a checkpoint, then stopping", g_stop_signal.load());
+      stopped = true;
+      break;
+    }
+    if (every > 0 && st.step % every == 0 && st.step < total_steps)
+      save_checkpoint(run, opt, st, ckpt_root, keep);
+  }
+  save_checkpoint(run, opt, st, ckpt_root, keep);
+  for (auto& p : run.profilers) p->on_run_end();
+  double secs = seconds_since(t_start);
+  log_info("{}: {} steps in {}, {:.0f} tokens, {:.0f} tokens/s, last loss {:.4f}; metrics in {}",
+           stopped ? "stopped" : "done", st.step - start_step, human_duration(secs),
+           st.tokens_seen, st.tokens_seen / std::max(secs, 1e-9), last_loss,
+           (run.run_dir / "metrics.jsonl").string());
+  return 0;
+}
+
+int evaluate(const Recipe& r, const Registry& reg) {
+  Run run(r, reg);
+  at::NoGradGuard no_grad;
+  const char* path = r.component("data.eval_dataset") ? "data.eval_dataset" : "data.dataset";
+  auto ds = make_component<Dataset>(r, reg, path);
+  auto stream = ds->open(run.data_context(), 0, "");
+  double loss_sum = 0;
+  int64_t tokens = 0, samples = 0;
+  while (auto b = run.collator->next(*stream)) {
+    ModelOutput out = run.model->forward(b->to(run.device));
+    loss_sum += out.loss_sum.item<double>();
+    tokens += out.loss_tokens;
+    samples += b->num_seqs();
+  }
+  QRUN_CHECK(tokens > 0, "{}: the evaluation data has no loss tokens", path);
+  double loss = loss_sum / tokens;
+  std::printf("{\"dataset\": \"%s\", \"samples\": %lld, \"loss_tokens\": %lld, \"loss\": %.6f, \"perplexity\": %.4f}\n",
+              path, static_cast<long long>(samples), static_cast<long long>(tokens), loss, std::exp(loss));
+  return 0;
+}
+
+}  // namespace qrun
