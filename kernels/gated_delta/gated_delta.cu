@@ -1,0 +1,300 @@
+// Host side of the gated delta kernels: argument checks, workspace layout, launch sequences.
+#include "gated_delta.h"
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gdn_common.cuh"
+#include "gdn_kernels.cuh"
+
+namespace qrun::gdn {
+namespace detail {
+// kernels (defined in gdn_fwd.cu / gdn_bwd.cu)
+__global__ void gdn_l2norm_rstd_kernel(KParams p);
+__global__ void gdn_prep_kernel(KParams p);
+__global__ void gdn_state_kernel(KParams p, int mode);
+__global__ void gdn_dh_kernel(KParams p);
+__global__ void gdn_bwd_chunk_kernel(KParams p);
+__global__ void gdn_group_reduce_kernel(KParams p);
+__global__ void gdn_param_reduce_kernel(KParams p);
+}  // namespace detail
+
+namespace {
+using namespace detail;
+
+constexpr size_t kPrepSmem = (2 * C * LDK + 2 * C * LDC + 3 * 256 + 2 * C) * sizeof(float);
+constexpr size_t kStateSmem = (DK * LDV + 2 * C * LDC + 2 * C * LDV + 5 * C) * sizeof(float) +
+                              2 * C * LDB * sizeof(__nv_bfloat16);
+constexpr size_t kDhSmem = kStateSmem;
+constexpr int kUnionF = 2 * DK * LDV + 4 * C * LDV;
+constexpr size_t kBwdSmem = (2 * C * LDK + 4 * C * LDC + kUnionF + 18 * C + 8) * sizeof(float);
+
+[[noreturn]] void fail(const std::string& m) { throw std::runtime_error("qrun::gdn: " + m); }
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
+
+struct Layout {
+  size_t rq, rk, gam, bet, Tm, Pm, hs, dhs, Dl, dDl, dqh, dkh, part, total_fwd, total_bwd;
+};
+
+Layout layout(const GdnProblem& p) {
+  const size_t T = (size_t)p.total_tokens, NT = (size_t)p.num_chunks, H = p.H, HV = p.HV;
+  const size_t KV = (size_t)DK * DV, f = sizeof(float);
+  Layout l{};
+  size_t off = 0;
+  auto take = [&](size_t bytes) { size_t o = off; off += align_up(bytes); return o; };
+  l.rq = take(T * H * f);
+  l.rk = take(T * H * f);
+  l.gam = take(T * HV * f);
+  l.bet = take(T * HV * f);
+  l.Tm = take(NT * HV * C * C * f);
+  l.Pm = take(NT * HV * C * C * f);
+  l.total_fwd = off;
+  l.hs = take(NT * HV * KV * f);
+  l.dhs = take(NT * HV * KV * f);
+  l.Dl = take(T * HV * DV * f);
+  l.dDl = take(T * HV * DV * f);
+  l.dqh = take(T * HV * DK * f);
+  l.dkh = take(T * HV * DK * f);
+  l.part = take(NT * HV * 2 * f);
+  l.total_bwd = off;
+  return l;
+}
+
+bool aligned16(const void* ptr, int64_t st, int64_t sh) {
+  return ptr && (reinterpret_cast<uintptr_t>(ptr) % 16 == 0) && st % 8 == 0 && sh % 8 == 0;
+}
+
+KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
+  const Layout l = layout(p);
+  char* w = static_cast<char*>(ws);
+  KParams k{};
+  k.T = p.total_tokens; k.N = p.num_seqs; k.NT = p.num_chunks;
+  k.H = p.H; k.HV = p.HV; k.G = p.HV / p.H;
+  k.cu = p.cu_seqlens; k.ctab = p.chunk_table; k.coff = p.chunk_offsets;
+  k.q = p.q; k.q_st = p.q_st; k.q_sh = p.q_sh;
+  k.k = p.k; k.k_st = p.k_st; k.k_sh = p.k_sh;
+  k.v = p.v; k.v_st = p.v_st; k.v_sh = p.v_sh;
+  k.gate_fused = p.gate_fused;
+  k.g = p.g; k.g_st = p.g_st;
+  k.a = p.a; k.a_dt = (int)p.a_dtype; k.a_st = p.a_st;
+  k.A_log = p.A_log; k.dt_bias = p.dt_bias;
+  k.beta = p.beta; k.beta_dt = (int)p.beta_dtype; k.beta_st = p.beta_st;
+  k.beta_sigmoid = p.beta_sigmoid;
+  k.l2norm = p.qk_l2norm;
+  k.scale = p.scale > 0.f ? p.scale : 1.0f / sqrtf((float)p.K);
+  k.h0 = p.initial_state;
+  k.vec_q = aligned16(p.q, p.q_st, p.q_sh);
+  k.vec_k = aligned16(p.k, p.k_st, p.k_sh);
+  k.vec_v = aligned16(p.v, p.v_st, p.v_sh);
+  k.rq = reinterpret_cast<float*>(w + l.rq);
+  k.rk = reinterpret_cast<float*>(w + l.rk);
+  k.gam = reinterpret_cast<float*>(w + l.gam);
+  k.bet = reinterpret_cast<float*>(w + l.bet);
+  k.Tm = reinterpret_cast<float*>(w + l.Tm);
+  k.Pm = reinterpret_cast<float*>(w + l.Pm);
+  if (bwd) {
+    k.hs = reinterpret_cast<float*>(w + l.hs);
+    k.dhs = reinterpret_cast<float*>(w + l.dhs);
+    k.Dl = reinterpret_cast<float*>(w + l.Dl);
+    k.dDl = reinterpret_cast<float*>(w + l.dDl);
+    k.dqh = reinterpret_cast<float*>(w + l.dqh);
+    k.dkh = reinterpret_cast<float*>(w + l.dkh);
+    k.part = reinterpret_cast<float*>(w + l.part);
+  }
+  return k;
+}
+
+void check_launch(const char* name) { check_cuda(cudaGetLastError(), name); }
+
+// Raises a kernel's dynamic shared-memory limit once per (kernel, device).
+template <class K>
+void set_smem(K kernel, size_t bytes, int slot) {
+  static std::atomic<uint64_t> done[4][64];
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  auto& flag = done[slot][dev & 63];
+  if (flag.load(std::memory_order_acquire) == (uint64_t)bytes) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), "cudaFuncSetAttribute");
+  flag.store((uint64_t)bytes, std::memory_order_release);
+}
+
+// Debug aid: QRUN_GDN_PROFILE=1 times every launch with events and prints the split to stderr
+// (synchronises the stream; never use it in production).
+struct Prof {
+  bool on = std::getenv("QRUN_GDN_PROFILE") != nullptr;
+  cudaStream_t s{};
+  std::vector<std::pair<const char*, cudaEvent_t>> ev;
+  explicit Prof(cudaStream_t st) : s(st) { mark("start"); }
+  void mark(const char* name) {
+    if (!on) return;
+    cudaEvent_t e;
+    cudaEventCreate(&e);
+    cudaEventRecord(e, s);
+    ev.emplace_back(name, e);
+  }
+  ~Prof() {
+    if (!on) return;
+    cudaEventSynchronize(ev.back().second);
+    for (size_t i = 1; i < ev.size(); ++i) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, ev[i - 1].second, ev[i].second);
+      std::fprintf(stderr, "  [gdn] %-22s %8.3f ms\n", ev[i].first, ms);
+    }
+    for (auto& e : ev) cudaEventDestroy(e.second);
+  }
+};
+
+
+unsigned grid1d(int64_t blocks, const char* what) {
+  if (blocks <= 0 || blocks > 0x7fffffffLL) fail(std::string("grid size out of range for ") + what);
+  return (unsigned)blocks;
+}
+
+void launch_common_fwd(const KParams& k, const GdnProblem& p, cudaStream_t s, Prof& pr) {
+  if (p.qk_l2norm && p.total_tokens > 0) {
+    const int64_t warps = 2 * p.total_tokens * p.H;
+    gdn_l2norm_rstd_kernel<<<grid1d((warps * 32 + 255) / 256, "l2norm"), 256, 0, s>>>(k);
+    check_launch("gdn_l2norm_rstd_kernel");
+    pr.mark("l2norm_rstd");
+  }
+  if (p.num_chunks > 0) {
+    set_smem(gdn_prep_kernel, kPrepSmem, 0);
+    gdn_prep_kernel<<<grid1d(p.num_chunks * p.HV, "prep"), 256, kPrepSmem, s>>>(k);
+    check_launch("gdn_prep_kernel");
+    pr.mark("prep");
+  }
+}
+
+}  // namespace
+
+ChunkTables gdn_build_chunk_tables(const int32_t* cu, int64_t N) {
+  if (N < 0 || (N > 0 && !cu)) fail("gdn_build_chunk_tables: bad cu_seqlens");
+  ChunkTables t;
+  t.chunk_offsets.resize(N + 1);
+  int64_t nt = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t L = (int64_t)cu[n + 1] - cu[n];
+    if (L < 0) fail("cu_seqlens must be non-decreasing");
+    if (nt > 0x7fffffffLL) fail("too many chunks");
+    t.chunk_offsets[n] = (int32_t)nt;
+    const int64_t nc = (L + C - 1) / C;
+    for (int64_t i = 0; i < nc; ++i) {
+      t.chunk_table.push_back((int32_t)n);
+      t.chunk_table.push_back((int32_t)i);
+    }
+    nt += nc;
+  }
+  t.chunk_offsets[N] = (int32_t)nt;
+  t.num_chunks = nt;
+  return t;
+}
+
+void gdn_check_problem(const GdnProblem& p) {
+  if (p.K != 128 || p.V != 128)
+    fail("only K = V = 128 is supported (got K = " + std::to_string(p.K) + ", V = " + std::to_string(p.V) + ")");
+  if (p.H <= 0 || p.HV <= 0 || p.HV % p.H != 0) fail("HV must be a positive multiple of H");
+  if (p.total_tokens < 0 || p.num_seqs < 0 || p.num_chunks < 0) fail("negative sizes");
+  if (p.total_tokens > 0x7fffffffLL) fail("total_tokens must fit int32 (cu_seqlens is int32)");
+  if (p.num_seqs > 0 && (!p.cu_seqlens || !p.chunk_offsets)) fail("cu_seqlens and chunk_offsets are required");
+  if (p.num_chunks > 0 && !p.chunk_table) fail("chunk_table is required");
+  if (p.num_chunks < (p.total_tokens + C - 1) / C) fail("num_chunks is inconsistent with total_tokens");
+  if (p.total_tokens > 0) {
+    if (!p.q || !p.k || !p.v) fail("q, k, v are required");
+    if (p.gate_fused) {
+      if (!p.a || !p.A_log || !p.dt_bias) fail("gate_fused needs a, A_log and dt_bias");
+    } else if (!p.g) {
+      fail("g is required (or set gate_fused)");
+    }
+    if (!p.beta) fail("beta (or b) is required");
+  }
+  auto dt_ok = [](DType d) { return d == DType::F32 || d == DType::BF16; };
+  if (!dt_ok(p.a_dtype) || !dt_ok(p.beta_dtype)) fail("bad dtype");
+}
+
+size_t gdn_fwd_workspace_bytes(const GdnProblem& p) {
+  gdn_check_problem(p);
+  return layout(p).total_fwd;
+}
+size_t gdn_bwd_workspace_bytes(const GdnProblem& p) {
+  gdn_check_problem(p);
+  return layout(p).total_bwd;
+}
+
+void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_bytes, Stream stream) {
+  gdn_check_problem(p);
+  if (ws_bytes < layout(p).total_fwd || (!ws && layout(p).total_fwd > 0)) fail("forward workspace too small");
+  if (p.total_tokens > 0 && !out.o) fail("o is required");
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  KParams k = make_params(p, ws, false);
+  k.o = out.o; k.o_st = out.o_st; k.o_sh = out.o_sh;
+  k.ht = out.final_state;
+  Prof pr(s);
+  launch_common_fwd(k, p, s, pr);
+  if (p.num_seqs > 0) {
+    set_smem(gdn_state_kernel, kStateSmem, 1);
+    gdn_state_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, kStateSmem, s>>>(k, 1);
+    check_launch("gdn_state_kernel");
+    pr.mark("state(fwd)");
+  }
+}
+
+void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_bytes, Stream stream) {
+  gdn_check_problem(p);
+  if (ws_bytes < layout(p).total_bwd || (!ws && layout(p).total_bwd > 0)) fail("backward workspace too small");
+  if (p.total_tokens > 0 && (!io.dO || !io.dq || !io.dk || !io.dv || !io.dg || !io.dbeta))
+    fail("backward needs dO, dq, dk, dv, dg and dbeta");
+  if (io.grad_dtype != DType::F32 && io.grad_dtype != DType::BF16) fail("bad grad dtype");
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  KParams k = make_params(p, ws, true);
+  k.dO = io.dO; k.do_st = io.do_st; k.do_sh = io.do_sh;
+  k.dht = io.d_final_state;
+  k.gdt = (int)io.grad_dtype;
+  k.dq = io.dq; k.dq_st = io.dq_st; k.dq_sh = io.dq_sh;
+  k.dk = io.dk; k.dk_st = io.dk_st; k.dk_sh = io.dk_sh;
+  k.dv = io.dv; k.dv_st = io.dv_st; k.dv_sh = io.dv_sh;
+  k.dg = io.dg; k.dbeta = io.dbeta; k.dA_log = io.dA_log; k.ddt = io.ddt_bias; k.dh0 = io.d_initial_state;
+  k.vec_do = aligned16(io.dO, io.do_st, io.do_sh);
+  Prof pr(s);
+  launch_common_fwd(k, p, s, pr);
+  if (p.num_seqs > 0) {
+    set_smem(gdn_state_kernel, kStateSmem, 1);
+    gdn_state_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, kStateSmem, s>>>(k, 2);
+    check_launch("gdn_state_kernel(bwd)");
+    pr.mark("state(recompute h)");
+    set_smem(gdn_dh_kernel, kDhSmem, 2);
+    gdn_dh_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "dh"), 256, kDhSmem, s>>>(k);
+    check_launch("gdn_dh_kernel");
+    pr.mark("dh");
+  }
+  if (p.num_chunks > 0) {
+    set_smem(gdn_bwd_chunk_kernel, kBwdSmem, 3);
+    gdn_bwd_chunk_kernel<<<grid1d(p.num_chunks * p.HV, "bwd_chunk"), 512, kBwdSmem, s>>>(k);
+    check_launch("gdn_bwd_chunk_kernel");
+    pr.mark("bwd_chunk");
+  }
+  if (p.total_tokens > 0) {
+    const int64_t warps = 2 * p.total_tokens * p.H;
+    gdn_group_reduce_kernel<<<grid1d((warps * 32 + 255) / 256, "group_reduce"), 256, 0, s>>>(k);
+    check_launch("gdn_group_reduce_kernel");
+    pr.mark("group_reduce");
+  }
+  if (p.gate_fused && (io.dA_log || io.ddt_bias)) {
+    gdn_param_reduce_kernel<<<grid1d(p.HV, "param_reduce"), 256, 0, s>>>(k);
+    check_launch("gdn_param_reduce_kernel");
+    pr.mark("param_reduce");
+  }
+}
+
+}  // namespace qrun::gdn

@@ -1,0 +1,146 @@
+// qrun gated delta rule (Gated DeltaNet) kernels: launch API.
+//
+// Why this header looks the way it does
+// -------------------------------------
+// * It is plain C++: no torch types and no CUDA headers, so the LibTorch plugin, the tests and the
+//   benchmark can all include it. Streams are the CUDA runtime's `cudaStream_t`, forward-declared as
+//   `struct CUstream_st*`. Every tensor is a raw device pointer plus int64 element strides.
+// * Every launch is asynchronous on the given stream and performs NO host synchronisation and no
+//   allocation. The caller (a) builds the chunk tables once per batch with gdn_build_chunk_tables()
+//   from the host copy of cu_seqlens and uploads them, and (b) allocates a scratch buffer of
+//   gdn_fwd_workspace_bytes()/gdn_bwd_workspace_bytes() bytes. Bad arguments throw std::runtime_error
+//   before anything is launched; a failed launch throws with the CUDA error string.
+//
+// Math (one sequence, one value head; t = 1..L, state S in R^{K x V}, S_0 = initial state or 0):
+//     S~_t = exp(g_t) S_{t-1}
+//     delta_t = beta_t (v_t - S~_t^T k_t)           (decay applied BEFORE the prediction error)
+//     S_t = S~_t + k_t delta_t^T
+//     o_t = scale * S_t^T q_t                        (the token sees its own update)
+// with optional in-kernel pre-processing (each independently switchable):
+//     q <- q * rsqrt(sum q^2 + 1e-6), k likewise     (qk_l2norm; per key head, over K)
+//     g = -exp(A_log[h]) * softplus(a + dt_bias[h])  (gate_fused; softplus(x) = x for x > 20)
+//     beta = sigmoid(b)                               (beta_sigmoid)
+// scale defaults to K^-1/2 (pass scale <= 0). Value head hv reads q/k head hv / (HV/H).
+//
+// Layouts (token-major, packed varlen batch: B = 1, T = total tokens, N sequences):
+//     q, k       [T, H, K]   bf16, strides (st, sh) in elements, innermost (K) contiguous
+//     v          [T, HV, V]  bf16, strides (st, sh), innermost contiguous
+//     o, dO      [T, HV, V]  bf16, strides (st, sh), innermost contiguous
+//     g          [T, HV]     fp32, token stride g_st (heads contiguous)
+//     a, beta/b  [T, HV]     bf16 or fp32 (DType), token stride, heads contiguous
+//     A_log, dt_bias [HV]    fp32
+//     initial_state, final_state, d_final_state, d_initial_state  [N, HV, K, V] fp32, contiguous
+//     cu_seqlens int32 [N+1] (device), cu_seqlens[0] = 0, non-decreasing, cu_seqlens[N] = T.
+// Sequences of length 0 are allowed (their final state is the initial state).
+// Chunks are 64 tokens and never cross a sequence boundary; the tail chunk is masked.
+//
+// Numerics: gamma (chunk-local cumsum of g) and the recurrent state are fp32; all matrix products
+// run on tensor cores as 3xTF32 (fp32 operands split into two TF32 halves, fp32 accumulation; raw
+// bf16 operands need no split), which is close to fp32 accuracy (measured 1e-7..3e-5 relative vs
+// an fp64 reference on H200); the 64x64 unit-lower-triangular inverse is fp32 forward substitution.
+// Building with QRUN_GDN_3XTF32=0 selects plain TF32 (faster, ~1e-3 errors; not the default).
+// No atomics: results are bitwise deterministic for a given input and device. Decay factors
+// exp(gamma_r - gamma_j) are only ever formed on the kept side (r >= j) and masking is done by
+// selection, never by multiplying a possibly infinite value by 0. All offsets are int64. Grids are
+// 1-D, so the number of packed sequences is unlimited.
+//
+// Only K = V = 128 and chunk size 64 are supported (checked; other sizes throw).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+struct CUstream_st;
+
+namespace qrun::gdn {
+
+using Stream = CUstream_st*;
+
+enum class DType : int32_t { F32 = 0, BF16 = 1 };
+
+constexpr int kChunk = 64;
+
+// Chunk tables, built on the host from the HOST copy of cu_seqlens (no device sync needed).
+//   chunk_table   int32 [num_chunks * 2]: (sequence id, chunk index inside the sequence)
+//   chunk_offsets int32 [N + 1]: first global chunk of each sequence (exclusive prefix sum of
+//                 ceil(L_n / 64)); chunk_offsets[N] = num_chunks.
+// Upload both to the device and pass the device pointers in GdnProblem.
+struct ChunkTables {
+  std::vector<int32_t> chunk_table;
+  std::vector<int32_t> chunk_offsets;
+  int64_t num_chunks = 0;
+};
+ChunkTables gdn_build_chunk_tables(const int32_t* cu_seqlens_host, int64_t num_seqs);
+
+// Shared problem description (inputs) for forward and backward.
+struct GdnProblem {
+  int64_t total_tokens = 0;  // T
+  int64_t num_seqs = 0;      // N
+  int64_t num_chunks = 0;    // from gdn_build_chunk_tables
+  int H = 0, HV = 0, K = 128, V = 128;
+
+  const int32_t* cu_seqlens = nullptr;     // device [N+1]
+  const int32_t* chunk_table = nullptr;    // device [num_chunks*2]
+  const int32_t* chunk_offsets = nullptr;  // device [N+1]
+
+  const void* q = nullptr; int64_t q_st = 0, q_sh = 0;  // bf16 [T,H,K]
+  const void* k = nullptr; int64_t k_st = 0, k_sh = 0;  // bf16 [T,H,K]
+  const void* v = nullptr; int64_t v_st = 0, v_sh = 0;  // bf16 [T,HV,V]
+
+  // Gate: either g (fp32 log-decay, gate_fused = false) or a/A_log/dt_bias (gate_fused = true).
+  bool gate_fused = false;
+  const float* g = nullptr; int64_t g_st = 0;
+  const void* a = nullptr; DType a_dtype = DType::BF16; int64_t a_st = 0;
+  const float* A_log = nullptr;
+  const float* dt_bias = nullptr;
+
+  // Beta: the write strength, or b with beta = sigmoid(b) when beta_sigmoid.
+  const void* beta = nullptr; DType beta_dtype = DType::BF16; int64_t beta_st = 0;
+  bool beta_sigmoid = false;
+
+  bool qk_l2norm = false;
+  float scale = -1.f;  // <= 0: K^-1/2
+
+  const float* initial_state = nullptr;  // optional [N,HV,K,V]
+};
+
+struct GdnFwdOut {
+  void* o = nullptr; int64_t o_st = 0, o_sh = 0;  // bf16 [T,HV,V]
+  float* final_state = nullptr;                   // optional [N,HV,K,V]
+};
+
+// Gradients. dq/dk/dv are written in grad_dtype (fp32 recommended; bf16 allowed). dq/dk are
+// w.r.t. the UN-normalised q/k when qk_l2norm is on, and summed over each value-head group.
+// dg is w.r.t. g when !gate_fused; when gate_fused it is w.r.t. a (da) and dA_log/ddt_bias are
+// also written. dbeta is w.r.t. beta, or w.r.t. b when beta_sigmoid. Scalar grads are fp32,
+// contiguous [T,HV]. Every pointer except dq/dk/dv/dg/dbeta may be null (not computed).
+struct GdnBwdIO {
+  const void* dO = nullptr; int64_t do_st = 0, do_sh = 0;  // bf16 [T,HV,V]
+  const float* d_final_state = nullptr;                   // optional [N,HV,K,V]
+  DType grad_dtype = DType::F32;
+  void* dq = nullptr; int64_t dq_st = 0, dq_sh = 0;  // [T,H,K]
+  void* dk = nullptr; int64_t dk_st = 0, dk_sh = 0;  // [T,H,K]
+  void* dv = nullptr; int64_t dv_st = 0, dv_sh = 0;  // [T,HV,V]
+  float* dg = nullptr;      // [T,HV] d/dg, or d/da when gate_fused
+  float* dbeta = nullptr;   // [T,HV] d/dbeta, or d/db when beta_sigmoid
+  float* dA_log = nullptr;  // [HV] (gate_fused only)
+  float* ddt_bias = nullptr;// [HV] (gate_fused only)
+  float* d_initial_state = nullptr;  // optional [N,HV,K,V]
+};
+
+// Scratch sizes in bytes (256-byte aligned base expected; cudaMalloc memory is).
+size_t gdn_fwd_workspace_bytes(const GdnProblem& p);
+size_t gdn_bwd_workspace_bytes(const GdnProblem& p);
+
+// Validates p (throws std::runtime_error with a clear message). Called by the launchers.
+void gdn_check_problem(const GdnProblem& p);
+
+void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* workspace,
+                 size_t workspace_bytes, Stream stream);
+
+// Backward recomputes everything it needs from the inputs (nothing is saved by the forward
+// except what the caller keeps: the inputs themselves).
+void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* workspace,
+                  size_t workspace_bytes, Stream stream);
+
+}  // namespace qrun::gdn

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device-machine call: build (sm_90), run the CPU reference test, the GPU conformance test,
+# compute-sanitizer on the quick grid, and the benchmark. Logs go to $OUT (or /tmp/gdn-out).
+# Usage (repo root): bash kernels/gated_delta/run_device.sh [steps...]
+#   steps: build ref gpu san race prof bench tf32 (default: build ref gpu san bench)
+set -u
+OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
+B=/tmp/gdn-dev-build
+steps=${*:-build ref gpu san bench}
+has() { [[ " $steps " == *" $1 "* ]]; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
+if has build; then
+  { cmake -S kernels/gated_delta -B $B -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release && \
+    cmake --build $B -j16; } > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+  echo "build ok"
+fi
+if has ref; then timeout 120 $B/test_gated_delta_reference > "$OUT/ref.log" 2>&1; echo "ref rc=$?"; tail -1 "$OUT/ref.log"; fi
+if has gpu; then timeout 300 $B/test_gated_delta > "$OUT/gpu_test.log" 2>&1; echo "gpu test rc=$?"; cat "$OUT/gpu_test.log"; fi
+if has san; then
+  QRUN_GDN_QUICK=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_gated_delta > "$OUT/memcheck.log" 2>&1
+  echo "memcheck rc=$?"; tail -4 "$OUT/memcheck.log"
+fi
+if has race; then
+  QRUN_GDN_QUICK=1 timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 $B/test_gated_delta > "$OUT/racecheck.log" 2>&1
+  echo "racecheck rc=$?"; tail -4 "$OUT/racecheck.log"
+fi
+if has tf32; then  # plain-TF32 variant (-DQRUN_GDN_3XTF32=OFF): test + bench
+  { cmake -S kernels/gated_delta -B ${B}3 -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release -DQRUN_GDN_3XTF32=OFF && \
+    cmake --build ${B}3 -j16 --target test_gated_delta bench_gated_delta; } > "$OUT/build3.log" 2>&1 || tail -20 "$OUT/build3.log"
+  timeout 200 ${B}3/test_gated_delta > "$OUT/gpu_test_1xtf32.log" 2>&1; echo "1xTF32 gpu test rc=$?"; cat "$OUT/gpu_test_1xtf32.log"
+  timeout 100 ${B}3/bench 10 2>&1 | tail -8
+fi
+if has prof; then QRUN_GDN_PROFILE=1 timeout 60 $B/bench 1 > "$OUT/prof.log" 2>&1; echo "prof rc=$?"; fi
+if has bench; then timeout 120 $B/bench 20 > "$OUT/bench.log" 2>&1; echo "bench rc=$?"; cat "$OUT/bench.log"; fi
