@@ -3,6 +3,7 @@
 //   qrun <recipe.yaml> [--set a.b=v ...] [--resume]  run (train) a recipe
 //   qrun validate <recipe.yaml> [--set ...]  check a recipe without running it
 //   qrun eval <recipe.yaml> [--set ...]      mean loss and perplexity as JSON
+//   qrun check <kind>/<name>                 conformance of a backend against its reference
 //   qrun tokenize --tokenizer DIR [--chat]   token ids (and loss masks) of stdin lines as JSON
 //   qrun data inspect <recipe.yaml> [-n N]   the first examples and the collator's statistics
 //   qrun plugins list                        what is installed, and what failed to load
@@ -31,6 +32,7 @@ const char* kUsage =
     "usage: qrun <recipe.yaml> [--set key.path=value ...] [--resume]\n"
     "       qrun validate <recipe.yaml> [--set key.path=value ...]\n"
     "       qrun eval <recipe.yaml> [--set key.path=value ...]\n"
+    "       qrun check <kind>/<name>              a backend against the reference of its kind\n"
     "       qrun tokenize --tokenizer DIR [--chat]   (text lines or JSONL conversations on stdin)\n"
     "       qrun data inspect <recipe.yaml> [-n N] [--set key.path=value ...]\n"
     "       qrun plugins list\n"

@@ -1,0 +1,873 @@
+// plugins/qwen: the `qwen` model - the Qwen3.5 hybrid text decoder (Gated DeltaNet layers and
+// gated full-attention layers, SwiGLU MLP) in LibTorch, with Hugging Face checkpoint IO.
+//
+// Spec: shared/design/qwen35-model.md (section numbers below refer to it). The model owns its
+// parameters under their HF `Qwen3_5ForCausalLM` names (`model.layers.3.self_attn.q_proj.weight`,
+// `lm_head.weight` only when untied) and never hard-codes a backend: every attention, linear
+// attention, conv, norm, activation and loss goes through the ModelKernels the recipe names.
+//
+// Numerics (section 2.8): parameters are stored in placement.param_dtype except
+// linear_attn.A_log and linear_attn.norm.weight, which stay fp32 as published; activations run in
+// placement.compute_dtype (weights are cast on use when the two differ).
+//
+// Batches (sdk batch.h): packed [T] or padded [B, S]; labels are unshifted and the model shifts
+// them inside each sample using seq_idx, so nothing is predicted across a sample boundary.
+//
+// Note [Layer recompute]: with activation_checkpointing: full each decoder layer runs inside a
+// custom autograd Function whose forward runs the layer without recording a graph and whose
+// backward reruns it with grad enabled and differentiates it (the reentrant scheme of
+// torch.utils.checkpoint). The layer is deterministic (no dropout), so recompute is exact.
+#include "safetensors.h"
+
+#include <qrun/sdk/error.h>
+#include <qrun/sdk/log.h>
+#include <qrun/sdk/model.h>
+#include <qrun/sdk/plugin.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+namespace qrun {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------
+// Configuration (section 1)
+
+struct QwenConfig {
+  std::string model_type = "qwen3_5_text";
+  int64_t hidden = 0, layers = 0, n_q = 0, n_kv = 0, d_h = 0;
+  int64_t n_k = 0, n_v = 0, d_k = 0, d_v = 0, conv_k = 4, inter = 0, vocab = 0;
+  double eps = 1e-6, rope_theta = 1e7, partial_rotary = 0.25;
+  bool tied = false;
+  std::vector<bool> full;  // per layer: true = full attention, false = Gated DeltaNet
+  int64_t max_pos = 262144;
+  json extra;              // token ids etc. copied into a saved config.json
+
+  int64_t rot_dim() const { return static_cast<int64_t>(static_cast<double>(d_h) * partial_rotary); }
+  int64_t key_dim() const { return n_k * d_k; }
+  int64_t value_dim() const { return n_v * d_v; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+  int64_t num_full() const { return std::count(full.begin(), full.end(), true); }
+  int64_t num_linear() const { return layers - num_full(); }
+};
+
+std::vector<bool> interval_layers(int64_t n, int64_t interval) {
+  std::vector<bool> f(n);
+  for (int64_t i = 0; i < n; ++i) f[i] = ((i + 1) % interval) == 0;
+  return f;
+}
+
+QwenConfig preset_config(const std::string& name) {
+  QwenConfig c;
+  auto set = [&](int64_t H, int64_t L, int64_t nq, int64_t nkv, int64_t dh, int64_t nk, int64_t nv,
+                 int64_t dk, int64_t I, int64_t V, bool tied) {
+    c.hidden = H; c.layers = L; c.n_q = nq; c.n_kv = nkv; c.d_h = dh; c.n_k = nk; c.n_v = nv;
+    c.d_k = dk; c.d_v = dk; c.inter = I; c.vocab = V; c.tied = tied;
+  };
+  if (name == "0.8b") set(1024, 24, 8, 2, 256, 16, 16, 128, 3584, 248320, true);
+  else if (name == "2b") set(2048, 24, 8, 2, 256, 16, 16, 128, 6144, 248320, true);
+  else if (name == "4b") set(2560, 32, 16, 4, 256, 16, 32, 128, 9216, 248320, true);
+  else if (name == "9b") set(4096, 32, 16, 4, 256, 16, 32, 128, 12288, 248320, false);
+  else if (name == "27b") set(5120, 64, 24, 4, 256, 16, 48, 128, 17408, 248320, false);
+  else if (name == "tiny") set(64, 4, 4, 2, 32, 2, 4, 16, 128, 512, false);
+  // The embedded demo: tiny layers, but the Qwen3 tokenizer's vocabulary (151,936 rows, tied).
+  else if (name == "demo") set(128, 4, 4, 2, 32, 2, 4, 32, 256, 151936, true);
+  else QRUN_ASSERT(false, "unknown preset {}", name);
+  c.full = interval_layers(c.layers, 4);
+  return c;
+}
+
+const json* jfind(const json& j, const char* key) {
+  auto it = j.find(key);
+  return (it == j.end() || it->is_null()) ? nullptr : &*it;
+}
+
+int64_t jint(const json& j, const char* key, const std::string& file, std::optional<int64_t> def = {}) {
+  const json* v = jfind(j, key);
+  if (v == nullptr) {
+    QRUN_CHECK(def.has_value(), "config {}: required field '{}' is missing", file, key);
+    return *def;
+  }
+  QRUN_CHECK(v->is_number_integer() && v->get<int64_t>() > 0,
+             "config {}: field '{}' must be a positive integer, got {}", file, key, v->dump());
+  return v->get<int64_t>();
+}
+
+double jnum(const json& j, const char* key, const std::string& file, double def) {
+  const json* v = jfind(j, key);
+  if (v == nullptr) return def;
+  QRUN_CHECK(v->is_number(), "config {}: field '{}' must be a number, got {}", file, key, v->dump());
+  return v->get<double>();
+}
+
+QwenConfig parse_config(const std::string& file) {
+  std::ifstream in(file);
+  QRUN_CHECK(in.good(), "checkpoint config {} cannot be read (a Hugging Face checkpoint directory "
+             "holds config.json next to its *.safetensors)", file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json top = json::parse(ss.str(), nullptr, false);
+  QRUN_CHECK(!top.is_discarded() && top.is_object(), "config {}: not a valid JSON object", file);
+  const json* tc = jfind(top, "text_config");
+  const json& t = (tc != nullptr && tc->is_object()) ? *tc : top;
+  std::string mt = top.value("model_type", std::string());
+  std::string tmt = t.value("model_type", mt);
+  static const std::set<std::string> ok = {"qwen3_5", "qwen3_5_text"};
+  QRUN_CHECK(mt != "qwen3_next" && tmt != "qwen3_next",
+             "config {}: model_type 'qwen3_next' (Qwen3-Next: fused in_proj_qkvz layout and MoE MLP) "
+             "is not supported by the qwen plugin yet; supported: qwen3_5, qwen3_5_text", file);
+  QRUN_CHECK(ok.count(mt) > 0 || (mt.empty() && ok.count(tmt) > 0),
+             "config {}: unknown model_type '{}'; the qwen model supports qwen3_5 and qwen3_5_text",
+             file, mt);
+  QwenConfig c;
+  c.model_type = tmt.empty() ? mt : tmt;
+  c.hidden = jint(t, "hidden_size", file);
+  c.layers = jint(t, "num_hidden_layers", file);
+  c.n_q = jint(t, "num_attention_heads", file);
+  c.n_kv = jint(t, "num_key_value_heads", file, c.n_q);
+  c.d_h = jint(t, "head_dim", file, c.hidden / c.n_q);
+  c.n_k = jint(t, "linear_num_key_heads", file);
+  c.n_v = jint(t, "linear_num_value_heads", file);
+  c.d_k = jint(t, "linear_key_head_dim", file);
+  c.d_v = jint(t, "linear_value_head_dim", file);
+  c.conv_k = jint(t, "linear_conv_kernel_dim", file, 4);
+  c.inter = jint(t, "intermediate_size", file);
+  c.vocab = jint(t, "vocab_size", file);
+  c.max_pos = jint(t, "max_position_embeddings", file, 262144);
+  c.eps = jnum(t, "rms_norm_eps", file, 1e-6);
+  QRUN_CHECK(c.n_q % c.n_kv == 0 && c.n_v % c.n_k == 0,
+             "config {}: heads must divide: num_attention_heads {} / num_key_value_heads {}, "
+             "linear_num_value_heads {} / linear_num_key_heads {}", file, c.n_q, c.n_kv, c.n_v, c.n_k);
+  // Rope: rope_parameters (transformers v5) or plain fields (older configs).
+  const json* rp = jfind(t, "rope_parameters");
+  if (rp == nullptr) rp = jfind(t, "rope_scaling");
+  c.rope_theta = jnum(t, "rope_theta", file, 1e7);
+  c.partial_rotary = jnum(t, "partial_rotary_factor", file, 0.25);
+  if (rp != nullptr && rp->is_object()) {
+    c.rope_theta = jnum(*rp, "rope_theta", file, c.rope_theta);
+    c.partial_rotary = jnum(*rp, "partial_rotary_factor", file, c.partial_rotary);
+    std::string type = rp->value("rope_type", std::string("default"));
+    QRUN_CHECK(type == "default", "config {}: rope_type '{}' is not supported (only 'default')",
+               file, type);
+  }
+  QRUN_CHECK(c.partial_rotary > 0 && c.partial_rotary <= 1 && c.rot_dim() % 2 == 0,
+             "config {}: partial_rotary_factor {} gives an odd or empty rotary dim for head_dim {}",
+             file, c.partial_rotary, c.d_h);
+  // tie_word_embeddings: the top-level field first (section 1.1).
+  if (const json* tw = jfind(top, "tie_word_embeddings")) c.tied = tw->get<bool>();
+  else if (const json* tw2 = jfind(t, "tie_word_embeddings")) c.tied = tw2->get<bool>();
+  if (const json* lt = jfind(t, "layer_types")) {
+    QRUN_CHECK(lt->is_array() && static_cast<int64_t>(lt->size()) == c.layers,
+               "config {}: layer_types must list {} layers", file, c.layers);
+    for (const auto& e : *lt) {
+      std::string s = e.is_string() ? e.get<std::string>() : e.dump();
+      if (s == "linear_attention" || s == "mamba") c.full.push_back(false);
+      else if (s == "full_attention" || s == "attention") c.full.push_back(true);
+      else fail("config {}: unknown layer type '{}' (expected linear_attention or full_attention)",
+                file, s);
+    }
+  } else {
+    c.full = interval_layers(c.layers, jint(t, "full_attention_interval", file, 4));
+  }
+  for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
+    if (const json* v = jfind(t, k)) c.extra[k] = *v;
+  return c;
+}
+
+// A model named by a local directory or a hub id in the local Hugging Face cache (offline).
+std::string resolve_model_dir(const std::string& name) {
+  if (fs::is_directory(name)) return name;
+  static const std::regex hub_id("^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$");
+  QRUN_CHECK(!fs::exists(name), "model path {} exists but is not a directory", name);
+  QRUN_CHECK(std::regex_match(name, hub_id),
+             "model path {} does not exist (give a checkpoint directory or a hub id org/name)", name);
+  std::vector<std::string> roots;
+  if (const char* c = std::getenv("HF_HUB_CACHE")) roots.push_back(c);
+  if (const char* h = std::getenv("HF_HOME")) roots.push_back(std::string(h) + "/hub");
+  if (const char* x = std::getenv("XDG_CACHE_HOME")) roots.push_back(std::string(x) + "/huggingface/hub");
+  if (const char* home = std::getenv("HOME")) roots.push_back(std::string(home) + "/.cache/huggingface/hub");
+  std::string repo = "models--" + std::regex_replace(name, std::regex("/"), "--");
+  for (const auto& r : roots) {
+    fs::path d = fs::path(r) / repo;
+    if (!fs::is_directory(d / "snapshots")) continue;
+    std::ifstream ref(d / "refs" / "main");
+    std::string rev;
+    if (ref >> rev && fs::is_directory(d / "snapshots" / rev)) return (d / "snapshots" / rev).string();
+    for (const auto& e : fs::directory_iterator(d / "snapshots"))
+      if (e.is_directory()) return e.path().string();
+  }
+  fail("model '{}' is not a local directory and is not in the Hugging Face cache (looked in {}); "
+       "download it first, e.g. `huggingface-cli download {}`, or set model.path to a checkpoint "
+       "directory", name, fmt::join(roots, ", "), name);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoint reading
+
+struct CkptTensor {
+  std::shared_ptr<safetensors::File> file;
+  const safetensors::TensorInfo* info = nullptr;
+};
+
+c10::ScalarType st_dtype(const std::string& d, bool& ok) {
+  ok = true;
+  if (d == "F32") return at::kFloat;
+  if (d == "BF16") return at::kBFloat16;
+  if (d == "F16") return at::kHalf;
+  if (d == "F64") return at::kDouble;
+  ok = false;
+  return at::kFloat;
+}
+
+std::string st_name(c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "F32";
+    case at::kBFloat16: return "BF16";
+    case at::kHalf: return "F16";
+    case at::kDouble: return "F64";
+    default: QRUN_ASSERT(false, "cannot save dtype {}", c10::toString(t));
+  }
+  return "";
+}
+
+// name -> tensor over all files of a checkpoint directory.
+std::map<std::string, CkptTensor> open_checkpoint(const std::string& dir) {
+  std::map<std::string, CkptTensor> out;
+  fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  std::vector<std::string> files;
+  if (fs::exists(index)) {
+    std::ifstream in(index);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    json j = json::parse(ss.str(), nullptr, false);
+    QRUN_CHECK(!j.is_discarded() && j.is_object() && j.contains("weight_map") &&
+                   j["weight_map"].is_object(),
+               "checkpoint index {} is not valid JSON with a weight_map object", index.string());
+    std::set<std::string> names;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      QRUN_CHECK(it.value().is_string(), "checkpoint index {}: entry '{}' is not a file name",
+                 index.string(), it.key());
+      std::string f = it.value().get<std::string>();
+      QRUN_CHECK(f.find('/') == std::string::npos && f.find("..") == std::string::npos,
+                 "checkpoint index {}: file name '{}' must be a plain name in the directory",
+                 index.string(), f);
+      names.insert(f);
+    }
+    files.assign(names.begin(), names.end());
+  } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
+    files.push_back("model.safetensors");
+  } else {
+    fail("checkpoint {} has neither model.safetensors nor model.safetensors.index.json", dir);
+  }
+  for (const auto& f : files) {
+    auto file = std::make_shared<safetensors::File>(safetensors::open((fs::path(dir) / f).string()));
+    for (const auto& t : file->header.tensors) out[t.name] = CkptTensor{file, &t};
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation checkpointing, see Note [Layer recompute].
+
+struct LayerClosure : torch::CustomClassHolder {
+  std::function<at::Tensor(const at::Tensor&)> fn;
+  std::vector<at::Tensor> params;  // the leaves the layer reads (those that require grad)
+};
+
+struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
+                            at::TensorList params, c10::intrusive_ptr<LayerClosure> closure) {
+    (void)params;
+    ctx->saved_data["closure"] = c10::IValue::make_capsule(closure);
+    ctx->save_for_backward({x});
+    at::NoGradGuard no_grad;
+    return closure->fn(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto closure =
+        c10::static_intrusive_pointer_cast<LayerClosure>(ctx->saved_data["closure"].toCapsule());
+    at::Tensor x = ctx->get_saved_variables()[0];
+    const bool x_grad = x.requires_grad();
+    at::Tensor xd = x.detach().requires_grad_(x_grad);
+    at::Tensor y;
+    {
+      at::AutoGradMode enable(true);
+      y = closure->fn(xd);
+    }
+    std::vector<at::Tensor> inputs;
+    if (x_grad) inputs.push_back(xd);
+    inputs.insert(inputs.end(), closure->params.begin(), closure->params.end());
+    auto grads = torch::autograd::grad({y}, inputs, {grad_out[0]}, /*retain_graph=*/false,
+                                       /*create_graph=*/false, /*allow_unused=*/true);
+    torch::autograd::variable_list out;
+    size_t gi = 0;
+    out.push_back(x_grad ? grads[gi++] : at::Tensor());
+    for (size_t i = 0; i < closure->params.size(); ++i) out.push_back(grads[gi++]);
+    out.push_back(at::Tensor());  // the closure
+    return out;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The model
+
+enum class Init { Normal, Zeros, Ones, ALog, Conv };
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  Init init;
+  bool fp32;  // kept in fp32 whatever param_dtype is
+};
+
+struct Layer {
+  bool full = false;
+  at::Tensor in_norm, post_norm, gate, up, down;
+  at::Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;                 // full attention
+  at::Tensor qkv, z, b, a, conv, dt_bias, A_log, gnorm, out;                  // Gated DeltaNet
+  std::vector<at::Tensor> all;
+};
+
+// Per-forward state the layers share (RoPE tables, padding mask).
+struct FwdCtx {
+  SeqInfo seq;
+  at::Tensor cos, sin;   // [.., rot_dim] in compute dtype
+  at::Tensor pad_mask;   // padded only: [B, S, 1] in compute dtype
+};
+
+class QwenModel final : public Model {
+ public:
+  explicit QwenModel(const Config& cfg) {
+    QRUN_CHECK(!(cfg.has("path") && cfg.get_string("preset") != "none"),
+               "{}: give either `path` (a checkpoint) or `preset`, not both", cfg.path());
+    if (cfg.has("path")) {
+      dir_ = resolve_model_dir(cfg.get_string("path"));
+      try {
+        c_ = parse_config((fs::path(dir_) / "config.json").string());
+      } catch (Error& e) {
+        e.add_context(fmt::format("while reading the model config ({})", cfg.location("path")));
+        throw;
+      }
+    } else {
+      QRUN_CHECK(cfg.get_string("preset") != "none",
+                 "{}: give `path` (a Hugging Face checkpoint directory or hub id) or `preset` "
+                 "(0.8b, 2b, 4b, 9b, 27b, tiny, demo)", cfg.path());
+      preset_ = cfg.get_string("preset");
+      c_ = preset_config(preset_);
+    }
+    int64_t nl = cfg.get_int("num_layers");
+    if (nl > 0) {
+      if (dir_.empty()) {
+        c_.layers = nl;
+        c_.full = interval_layers(nl, 4);
+      } else {
+        QRUN_CHECK(nl <= c_.layers, "{}: num_layers {} exceeds the checkpoint's {} layers",
+                   cfg.location("num_layers"), nl, c_.layers);
+        c_.layers = nl;
+        c_.full.resize(nl);
+      }
+    }
+    ac_ = cfg.get_string("activation_checkpointing") == "full";
+    shard_bytes_ = cfg.get_int("save_shard_bytes");
+  }
+
+  void build(const ModelKernels& k, const ModelPlacement& p) override {
+    // sdk model.h: a null kernel means the recipe named none and no default is installed.
+    auto need = [](const void* p, const char* kind, const char* ref) {
+      QRUN_CHECK(p != nullptr, "the qwen model needs a {} kernel: set kernels.{} in the recipe "
+                 "(e.g. {}, from the reference-kernels plugin)", kind, kind, ref);
+    };
+    need(k.attention, "attention", "sdpa");
+    need(k.linear_attention, "linear_attention", "gdn-reference");
+    need(k.conv1d, "conv1d", "conv-reference");
+    need(k.ops, "ops", "reference");
+    QRUN_ASSERT(!built_, "qwen model built twice");
+    k_ = k;
+    place_ = p;
+    std::vector<ParamSpec> specs = param_specs();
+    if (dir_.empty()) init_random(specs);
+    else load_checkpoint(specs);
+    bind();
+    built_ = true;
+    log_info("qwen: {}", summary().description);
+  }
+
+  ModelOutput forward(const Batch& batch, bool return_logits) override {
+    QRUN_ASSERT(built_, "qwen model used before build()");
+    const SeqInfo& seq = batch.seq;
+    const bool padded = batch.layout == Layout::Padded;
+    QRUN_CHECK(batch.input_ids.dim() == (padded ? 2 : 1),
+               "qwen: input_ids must be [T] (packed) or [B, S] (padded), got {}",
+               batch.input_ids.sizes());
+    const auto cdt = place_.compute_dtype;
+    FwdCtx ctx;
+    ctx.seq = seq;
+    // RoPE tables (section 2.4 step 4): angles in fp32, cos/sin cast to the activation dtype.
+    at::Tensor ang = batch.position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq_;
+    at::Tensor emb = at::cat({ang, ang}, -1);
+    ctx.cos = emb.cos().to(cdt).unsqueeze(-2);
+    ctx.sin = emb.sin().to(cdt).unsqueeze(-2);
+    if (padded) {
+      QRUN_CHECK(seq.attention_mask.defined(), "qwen: a padded batch needs seq.attention_mask");
+      ctx.pad_mask = seq.attention_mask.to(cdt).unsqueeze(-1);
+    }
+    at::Tensor x = at::embedding(w(embed_), batch.input_ids);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      if (ac_ && at::GradMode::is_enabled()) {
+        auto closure = c10::make_intrusive<LayerClosure>();
+        closure->fn = [this, i, ctx](const at::Tensor& h) { return layer_forward(i, h, ctx); };
+        for (const auto& t : layers_[i].all)
+          if (t.requires_grad()) closure->params.push_back(t);
+        std::vector<at::Tensor> ps = closure->params;
+        x = CheckpointedLayer::apply(x, at::TensorList(ps), closure);
+      } else {
+        x = layer_forward(i, x, ctx);
+      }
+    }
+    x = k_.ops->rms_norm(x, norm_, c_.eps, /*zero_centred=*/true);
+    at::Tensor W = w(c_.tied ? embed_ : lm_head_);
+    at::Tensor targets = shifted_targets(batch);
+    ModelOutput out;
+    out.loss_sum = k_.ops->linear_cross_entropy_sum(x.reshape({-1, c_.hidden}), W,
+                                                    targets.reshape({-1}));
+    out.loss_tokens = targets.ne(kIgnoreIndex).sum().item<int64_t>();
+    if (return_logits) out.logits = at::linear(x, W).to(at::kFloat);
+    return out;
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() override { return params_; }
+
+  void save(const std::string& dir) override {
+    QRUN_ASSERT(built_, "qwen model saved before build()");
+    // config.json: the text-only Qwen3_5ForCausalLM layout (keys `model.*`).
+    json c;
+    c["architectures"] = {"Qwen3_5ForCausalLM"};
+    c["model_type"] = "qwen3_5_text";
+    c["hidden_size"] = c_.hidden;
+    c["intermediate_size"] = c_.inter;
+    c["num_hidden_layers"] = c_.layers;
+    c["num_attention_heads"] = c_.n_q;
+    c["num_key_value_heads"] = c_.n_kv;
+    c["head_dim"] = c_.d_h;
+    c["linear_num_key_heads"] = c_.n_k;
+    c["linear_num_value_heads"] = c_.n_v;
+    c["linear_key_head_dim"] = c_.d_k;
+    c["linear_value_head_dim"] = c_.d_v;
+    c["linear_conv_kernel_dim"] = c_.conv_k;
+    std::vector<std::string> lt;
+    for (bool f : c_.full) lt.push_back(f ? "full_attention" : "linear_attention");
+    c["layer_types"] = lt;
+    c["rms_norm_eps"] = c_.eps;
+    c["vocab_size"] = c_.vocab;
+    c["max_position_embeddings"] = c_.max_pos;
+    c["tie_word_embeddings"] = c_.tied;
+    c["hidden_act"] = "silu";
+    c["attention_bias"] = false;
+    c["rope_parameters"] = {{"rope_type", "default"},
+                            {"rope_theta", c_.rope_theta},
+                            {"partial_rotary_factor", c_.partial_rotary}};
+    c["dtype"] = place_.param_dtype == at::kBFloat16 ? "bfloat16"
+                 : place_.param_dtype == at::kHalf   ? "float16"
+                                                     : "float32";
+    for (auto it = c_.extra.begin(); it != c_.extra.end(); ++it) c[it.key()] = it.value();
+    write_text((fs::path(dir) / "config.json").string(), c.dump(2));
+
+    // Shards of at most save_shard_bytes (a tensor larger than that gets a shard of its own).
+    std::vector<std::vector<size_t>> shards(1);
+    int64_t cur = 0, total = 0;
+    std::vector<at::Tensor> host(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      host[i] = params_[i].second.detach().to(at::kCPU).contiguous();
+      int64_t nb = host[i].numel() * static_cast<int64_t>(host[i].element_size());
+      if (cur > 0 && cur + nb > shard_bytes_) {
+        shards.emplace_back();
+        cur = 0;
+      }
+      shards.back().push_back(i);
+      cur += nb;
+      total += nb;
+    }
+    json weight_map = json::object();
+    const size_t n = shards.size();
+    for (size_t s = 0; s < n; ++s) {
+      std::string fname = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, n);
+      std::vector<safetensors::WriteTensor> ts;
+      for (size_t i : shards[s]) {
+        const at::Tensor& t = host[i];
+        ts.push_back({params_[i].first, st_name(t.scalar_type()), t.sizes().vec(), t.data_ptr(),
+                      static_cast<size_t>(t.numel()) * t.element_size()});
+        weight_map[params_[i].first] = fname;
+      }
+      safetensors::write_file((fs::path(dir) / fname).string(), ts, {{"format", "pt"}});
+    }
+    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_text((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2));
+  }
+
+  double train_flops_per_token(const std::vector<int64_t>& seq_lens) const override {
+    // Section 7.2: dense matmuls + causal attention scores + chunked GDN core; x3 for training.
+    const double H = c_.hidden, Lf = c_.num_full(), Ll = c_.num_linear(), L = c_.layers;
+    const double n_mm = c_.vocab * H + Lf * H * (3.0 * c_.n_q * c_.d_h + 2.0 * c_.n_kv * c_.d_h) +
+                        Ll * H * (2.0 * c_.n_k * c_.d_k + 3.0 * c_.n_v * c_.d_v + 2.0 * c_.n_v) +
+                        L * 3.0 * H * c_.inter;
+    double tokens = 0, pairs = 0;
+    for (int64_t s : seq_lens) {
+      tokens += s;
+      pairs += 0.5 * static_cast<double>(s) * (s + 1);
+    }
+    const double s_bar = tokens > 0 ? pairs / tokens : 0.0;
+    const double C = 64;
+    const double f_att = Lf * 4.0 * c_.n_q * c_.d_h * s_bar;
+    const double f_gdn = Ll * c_.n_v *
+                         (2.0 * C * (3.0 * c_.d_k + 2.0 * c_.d_v) + 6.0 * c_.d_k * c_.d_v +
+                          (2.0 / 3.0) * C * C);
+    return 3.0 * (2.0 * n_mm + f_att + f_gdn);
+  }
+
+  ModelSummary summary() const override {
+    ModelSummary s;
+    s.family = "qwen3_5";
+    s.num_layers = c_.layers;
+    s.hidden_size = c_.hidden;
+    s.vocab_size = c_.vocab;
+    int64_t n = 0;
+    for (const auto& p : params_) n += p.second.numel();
+    if (params_.empty()) {
+      for (const auto& sp : param_specs()) {
+        int64_t e = 1;
+        for (int64_t d : sp.shape) e *= d;
+        n += e;
+      }
+    }
+    s.num_parameters = n;
+    s.description = fmt::format(
+        "Qwen3.5 hybrid, {} layers ({} GDN + {} attn), hidden {}, {} params, {} embeddings, from {}",
+        c_.layers, c_.num_linear(), c_.num_full(), c_.hidden, n, c_.tied ? "tied" : "untied",
+        dir_.empty() ? "preset " + preset_ : dir_);
+    return s;
+  }
+
+ private:
+  static void write_text(const std::string& path, const std::string& text) {
+    std::ofstream out(path, std::ios::trunc);
+    out << text << "\n";
+    QRUN_CHECK(out.good(), "cannot write {}", path);
+  }
+
+  std::vector<ParamSpec> param_specs() const {
+    std::vector<ParamSpec> s;
+    const int64_t H = c_.hidden;
+    s.push_back({"model.embed_tokens.weight", {c_.vocab, H}, Init::Normal, false});
+    for (int64_t i = 0; i < c_.layers; ++i) {
+      std::string p = fmt::format("model.layers.{}.", i);
+      s.push_back({p + "input_layernorm.weight", {H}, Init::Zeros, false});
+      if (c_.full[i]) {
+        s.push_back({p + "self_attn.q_proj.weight", {2 * c_.n_q * c_.d_h, H}, Init::Normal, false});
+        s.push_back({p + "self_attn.k_proj.weight", {c_.n_kv * c_.d_h, H}, Init::Normal, false});
+        s.push_back({p + "self_attn.v_proj.weight", {c_.n_kv * c_.d_h, H}, Init::Normal, false});
+        s.push_back({p + "self_attn.o_proj.weight", {H, c_.n_q * c_.d_h}, Init::Normal, false});
+        s.push_back({p + "self_attn.q_norm.weight", {c_.d_h}, Init::Zeros, false});
+        s.push_back({p + "self_attn.k_norm.weight", {c_.d_h}, Init::Zeros, false});
+      } else {
+        s.push_back({p + "linear_attn.in_proj_qkv.weight", {c_.conv_dim(), H}, Init::Normal, false});
+        s.push_back({p + "linear_attn.in_proj_z.weight", {c_.value_dim(), H}, Init::Normal, false});
+        s.push_back({p + "linear_attn.in_proj_b.weight", {c_.n_v, H}, Init::Normal, false});
+        s.push_back({p + "linear_attn.in_proj_a.weight", {c_.n_v, H}, Init::Normal, false});
+        s.push_back({p + "linear_attn.conv1d.weight", {c_.conv_dim(), 1, c_.conv_k}, Init::Conv, false});
+        s.push_back({p + "linear_attn.dt_bias", {c_.n_v}, Init::Ones, false});
+        s.push_back({p + "linear_attn.A_log", {c_.n_v}, Init::ALog, true});
+        s.push_back({p + "linear_attn.norm.weight", {c_.d_v}, Init::Ones, true});
+        s.push_back({p + "linear_attn.out_proj.weight", {H, c_.value_dim()}, Init::Normal, false});
+      }
+      s.push_back({p + "post_attention_layernorm.weight", {H}, Init::Zeros, false});
+      s.push_back({p + "mlp.gate_proj.weight", {c_.inter, H}, Init::Normal, false});
+      s.push_back({p + "mlp.up_proj.weight", {c_.inter, H}, Init::Normal, false});
+      s.push_back({p + "mlp.down_proj.weight", {H, c_.inter}, Init::Normal, false});
+    }
+    s.push_back({"model.norm.weight", {H}, Init::Zeros, false});
+    if (!c_.tied) s.push_back({"lm_head.weight", {c_.vocab, H}, Init::Normal, false});
+    return s;
+  }
+
+  at::TensorOptions opts(const ParamSpec& sp) const {
+    return at::TensorOptions().device(place_.device).dtype(sp.fp32 ? at::kFloat : place_.param_dtype);
+  }
+
+  void init_random(const std::vector<ParamSpec>& specs) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(place_.seed);
+    for (const auto& sp : specs) {
+      at::Tensor t = at::empty(sp.shape, at::kFloat);
+      switch (sp.init) {
+        case Init::Normal: t.normal_(0.0, 0.02, gen); break;
+        case Init::Zeros: t.zero_(); break;
+        case Init::Ones: t.fill_(1.0); break;
+        case Init::ALog: t.uniform_(0.01, 16.0, gen).log_(); break;
+        case Init::Conv: {
+          double bound = 1.0 / std::sqrt(static_cast<double>(c_.conv_k));
+          t.uniform_(-bound, bound, gen);
+          break;
+        }
+      }
+      params_.emplace_back(sp.name, t.to(opts(sp)).requires_grad_(true));
+    }
+  }
+
+  void load_checkpoint(const std::vector<ParamSpec>& specs) {
+    std::map<std::string, CkptTensor> ck;
+    try {
+      ck = open_checkpoint(dir_);
+    } catch (Error& e) {
+      e.add_context(fmt::format("while loading checkpoint {}", dir_));
+      throw;
+    }
+    std::string prefix = "model.";
+    for (const auto& kv : ck)
+      if (kv.first.rfind("model.language_model.", 0) == 0) prefix = "model.language_model.";
+    std::set<std::string> used;
+    for (const auto& sp : specs) {
+      std::string key = sp.name.rfind("model.", 0) == 0 ? prefix + sp.name.substr(6) : sp.name;
+      auto it = ck.find(key);
+      QRUN_CHECK(it != ck.end(), "checkpoint {}: tensor '{}' is missing (expected shape {})", dir_,
+                 key, sp.shape);
+      used.insert(key);
+      const auto& info = *it->second.info;
+      const std::string& file = it->second.file->map->path();
+      QRUN_CHECK(info.shape == sp.shape, "checkpoint {}: tensor '{}' has shape {} but the config "
+                 "implies {}", file, key, info.shape, sp.shape);
+      bool ok = false;
+      c10::ScalarType dt = st_dtype(info.dtype, ok);
+      QRUN_CHECK(ok, "checkpoint {}: tensor '{}' has dtype {}, expected a floating dtype "
+                 "(F32, BF16, F16)", file, key, info.dtype);
+      const uint8_t* ptr = it->second.file->tensor_data(info);
+      at::Tensor src;
+      const size_t es = c10::elementSize(dt);
+      if (reinterpret_cast<uintptr_t>(ptr) % es == 0) {
+        src = at::from_blob(const_cast<uint8_t*>(ptr), sp.shape, at::TensorOptions().dtype(dt));
+      } else {
+        src = at::empty(sp.shape, at::TensorOptions().dtype(dt));
+        std::memcpy(src.data_ptr(), ptr, info.end - info.begin);
+      }
+      at::Tensor t = src.to(opts(sp), /*non_blocking=*/false, /*copy=*/true);
+      params_.emplace_back(sp.name, t.requires_grad_(true));
+    }
+    int64_t skipped_extra = 0, skipped_layers = 0;
+    std::vector<std::string> unexpected;
+    static const std::regex layer_re("^model\\.(language_model\\.)?layers\\.([0-9]+)\\.");
+    for (const auto& kv : ck) {
+      const std::string& k = kv.first;
+      if (used.count(k)) continue;
+      std::smatch m;
+      if (k.rfind("mtp.", 0) == 0 || k.rfind("model.visual.", 0) == 0 || k.rfind("visual.", 0) == 0) {
+        ++skipped_extra;
+      } else if (std::regex_search(k, m, layer_re) && std::stoll(m[2]) >= c_.layers) {
+        ++skipped_layers;
+      } else if (k == "lm_head.weight" && c_.tied) {
+        // tied checkpoints may carry a copy of the embedding
+      } else {
+        unexpected.push_back(k);
+      }
+    }
+    if (skipped_extra > 0)
+      log_info("qwen: skipped {} mtp.* / visual.* tensors of {} (not part of the text model)",
+               skipped_extra, dir_);
+    if (skipped_layers > 0)
+      log_info("qwen: skipped {} tensors of layers >= {} (num_layers override)", skipped_layers,
+               c_.layers);
+    if (!unexpected.empty())
+      log_warn("qwen: {} unexpected tensors in {} ignored, e.g. {}", unexpected.size(), dir_,
+               unexpected.front());
+  }
+
+  // Binds the named parameters to the per-layer structs.
+  void bind() {
+    std::map<std::string, at::Tensor> m(params_.begin(), params_.end());
+    auto get = [&](const std::string& n) {
+      auto it = m.find(n);
+      QRUN_ASSERT(it != m.end(), "parameter {} not created", n);
+      return it->second;
+    };
+    embed_ = get("model.embed_tokens.weight");
+    norm_ = get("model.norm.weight");
+    if (!c_.tied) lm_head_ = get("lm_head.weight");
+    layers_.clear();
+    for (int64_t i = 0; i < c_.layers; ++i) {
+      Layer L;
+      std::string p = fmt::format("model.layers.{}.", i);
+      L.full = c_.full[i];
+      L.in_norm = get(p + "input_layernorm.weight");
+      L.post_norm = get(p + "post_attention_layernorm.weight");
+      L.gate = get(p + "mlp.gate_proj.weight");
+      L.up = get(p + "mlp.up_proj.weight");
+      L.down = get(p + "mlp.down_proj.weight");
+      if (L.full) {
+        L.q_proj = get(p + "self_attn.q_proj.weight");
+        L.k_proj = get(p + "self_attn.k_proj.weight");
+        L.v_proj = get(p + "self_attn.v_proj.weight");
+        L.o_proj = get(p + "self_attn.o_proj.weight");
+        L.q_norm = get(p + "self_attn.q_norm.weight");
+        L.k_norm = get(p + "self_attn.k_norm.weight");
+      } else {
+        L.qkv = get(p + "linear_attn.in_proj_qkv.weight");
+        L.z = get(p + "linear_attn.in_proj_z.weight");
+        L.b = get(p + "linear_attn.in_proj_b.weight");
+        L.a = get(p + "linear_attn.in_proj_a.weight");
+        L.conv = get(p + "linear_attn.conv1d.weight");
+        L.dt_bias = get(p + "linear_attn.dt_bias");
+        L.A_log = get(p + "linear_attn.A_log");
+        L.gnorm = get(p + "linear_attn.norm.weight");
+        L.out = get(p + "linear_attn.out_proj.weight");
+      }
+      for (const auto& kv : params_)
+        if (kv.first.rfind(p, 0) == 0) L.all.push_back(kv.second);
+      layers_.push_back(std::move(L));
+    }
+    const int64_t rot = c_.rot_dim();
+    at::Tensor exponent = at::arange(0, rot, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
+                          static_cast<double>(rot);
+    inv_freq_ = (1.0 / at::pow(c_.rope_theta, exponent)).to(place_.device);
+  }
+
+  // A weight in the compute dtype (a no-op when the parameter is stored in it).
+  at::Tensor w(const at::Tensor& t) const {
+    return t.scalar_type() == place_.compute_dtype ? t : t.to(place_.compute_dtype);
+  }
+
+  static std::vector<int64_t> lead_shape(const at::Tensor& x, std::initializer_list<int64_t> tail) {
+    std::vector<int64_t> s(x.sizes().begin(), x.sizes().end() - 1);
+    s.insert(s.end(), tail.begin(), tail.end());
+    return s;
+  }
+
+  at::Tensor rope(const at::Tensor& x, const FwdCtx& ctx) const {
+    const int64_t rot = c_.rot_dim(), half = rot / 2;
+    at::Tensor xr = x.narrow(-1, 0, rot);
+    at::Tensor rotated = at::cat({-xr.narrow(-1, half, half), xr.narrow(-1, 0, half)}, -1);
+    at::Tensor y = xr * ctx.cos + rotated * ctx.sin;
+    if (rot == x.size(-1)) return y;
+    return at::cat({y, x.narrow(-1, rot, x.size(-1) - rot)}, -1);
+  }
+
+  at::Tensor attention(const Layer& L, const at::Tensor& h, const FwdCtx& ctx) const {
+    const int64_t nq = c_.n_q, nkv = c_.n_kv, dh = c_.d_h;
+    at::Tensor qg = at::linear(h, w(L.q_proj)).view(lead_shape(h, {nq, 2 * dh}));
+    at::Tensor q = qg.narrow(-1, 0, dh);
+    at::Tensor gate = qg.narrow(-1, dh, dh).reshape(lead_shape(h, {nq * dh}));
+    q = k_.ops->rms_norm(q, L.q_norm, c_.eps, true);
+    at::Tensor k = k_.ops->rms_norm(at::linear(h, w(L.k_proj)).view(lead_shape(h, {nkv, dh})),
+                                    L.k_norm, c_.eps, true);
+    at::Tensor v = at::linear(h, w(L.v_proj)).view(lead_shape(h, {nkv, dh}));
+    q = rope(q, ctx);
+    k = rope(k, ctx);
+    at::Tensor o = k_.attention->forward(q, k, v, ctx.seq, 1.0 / std::sqrt(static_cast<double>(dh)));
+    o = o.reshape(lead_shape(h, {nq * dh})) * at::sigmoid(gate);
+    return at::linear(o, w(L.o_proj));
+  }
+
+  at::Tensor gated_delta_net(const Layer& L, const at::Tensor& h_in, const FwdCtx& ctx) const {
+    at::Tensor h = ctx.pad_mask.defined() ? h_in * ctx.pad_mask : h_in;
+    at::Tensor qkv = at::linear(h, w(L.qkv));
+    at::Tensor z = at::linear(h, w(L.z)).view(lead_shape(h, {c_.n_v, c_.d_v}));
+    GatedDeltaInputs in;
+    in.b = at::linear(h, w(L.b));
+    in.a = at::linear(h, w(L.a));
+    at::Tensor conv_w = w(L.conv).view({c_.conv_dim(), c_.conv_k});
+    at::Tensor y = k_.conv1d->forward(qkv, conv_w, ctx.seq, Activation::SiLU);
+    const int64_t kd = c_.key_dim();
+    in.q = y.narrow(-1, 0, kd).view(lead_shape(h, {c_.n_k, c_.d_k}));
+    in.k = y.narrow(-1, kd, kd).view(lead_shape(h, {c_.n_k, c_.d_k}));
+    in.v = y.narrow(-1, 2 * kd, c_.value_dim()).view(lead_shape(h, {c_.n_v, c_.d_v}));
+    in.A_log = L.A_log;
+    in.dt_bias = L.dt_bias;
+    GatedDeltaOptions opt;
+    opt.qk_l2norm = true;
+    at::Tensor o = k_.linear_attention->forward(in, ctx.seq, opt);
+    o = k_.ops->gated_rms_norm(o, z, L.gnorm, c_.eps);
+    return at::linear(o.reshape(lead_shape(h, {c_.value_dim()})), w(L.out));
+  }
+
+  at::Tensor layer_forward(size_t i, const at::Tensor& x, const FwdCtx& ctx) const {
+    const Layer& L = layers_[i];
+    at::Tensor h = k_.ops->rms_norm(x, L.in_norm, c_.eps, true);
+    at::Tensor r = x + (L.full ? attention(L, h, ctx) : gated_delta_net(L, h, ctx));
+    h = k_.ops->rms_norm(r, L.post_norm, c_.eps, true);
+    at::Tensor m = at::linear(k_.ops->swiglu(at::linear(h, w(L.gate)), at::linear(h, w(L.up))),
+                              w(L.down));
+    return r + m;
+  }
+
+  // Target of token t = label of token t+1 of the same sample (batch.h); -100 elsewhere.
+  static at::Tensor shifted_targets(const Batch& b) {
+    at::Tensor labels = b.labels;
+    at::Tensor sid = b.seq.seq_idx;
+    if (!sid.defined()) {
+      // Derive it from cu_seqlens_host (the single source of truth).
+      const auto& cu = b.seq.cu_seqlens_host;
+      std::vector<int32_t> v(labels.numel(), -1);
+      const int64_t width = labels.size(-1);
+      for (size_t i = 0; i + 1 < cu.size(); ++i)
+        for (int64_t t = cu[i]; t < cu[i + 1]; ++t) {
+          int64_t pos = b.layout == Layout::Packed ? t : static_cast<int64_t>(i) * width + (t - cu[i]);
+          if (pos < static_cast<int64_t>(v.size())) v[pos] = static_cast<int32_t>(i);
+        }
+      sid = at::tensor(v, at::TensorOptions().dtype(at::kInt)).view(labels.sizes()).to(labels.device());
+    }
+    const int64_t n = labels.size(-1);
+    if (n <= 1) return at::full_like(labels, kIgnoreIndex);
+    at::Tensor next_lab = at::cat({labels.narrow(-1, 1, n - 1),
+                                   at::full_like(labels.narrow(-1, 0, 1), kIgnoreIndex)}, -1);
+    at::Tensor next_sid = at::cat({sid.narrow(-1, 1, n - 1), at::full_like(sid.narrow(-1, 0, 1), -1)}, -1);
+    at::Tensor ok = next_sid.eq(sid) & sid.ge(0);
+    return at::where(ok, next_lab, at::full_like(next_lab, kIgnoreIndex));
+  }
+
+  QwenConfig c_;
+  std::string dir_, preset_;
+  bool ac_ = false;
+  int64_t shard_bytes_ = 0;
+  bool built_ = false;
+  ModelKernels k_;
+  ModelPlacement place_;
+  std::vector<std::pair<std::string, at::Tensor>> params_;
+  at::Tensor embed_, norm_, lm_head_, inv_freq_;
+  std::vector<Layer> layers_;
+};
+
+void register_all(Registrar& r) {
+  Schema s{
+      Field::path("path").doc("Hugging Face checkpoint directory or hub id (local cache, offline)"),
+      Field::choice("preset", "none", {"none", "0.8b", "2b", "4b", "9b", "27b", "tiny", "demo"})
+          .doc("published size with random initialisation, used when no path is given"),
+      Field::integer("num_layers", 0).min(0).doc(
+          "keep only the first N layers (0: all); per-layer shapes stay those of the model"),
+      Field::choice("activation_checkpointing", "none", {"none", "full"})
+          .doc("recompute each decoder layer in backward (full) or keep activations (none)"),
+      Field::integer("save_shard_bytes", int64_t{4} << 30).min(1).doc(
+          "largest safetensors shard written by save()"),
+  };
+  r.add<Model>("qwen", "Qwen3.5 hybrid text model (Gated DeltaNet + gated attention), HF checkpoints",
+               s, [](const Config& c) { return std::make_unique<QwenModel>(c); });
+}
+
+}  // namespace
+}  // namespace qrun
+
+QRUN_PLUGIN("qwen", "0.1.0", qrun::register_all)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The embedded default recipe, shortened for CI: it trains, the loss falls, the checkpoint it
+# saves loads in transformers and generates text.
+# Usage: run_demo.sh QRUN_BIN SOURCE_DIR WORK_DIR PYTHON
+set -euo pipefail
+qrun=$1 src=$2 work=$3 py=$4
+rm -rf "$work" && mkdir -p "$work"
+cd "$src"
+"$qrun" recipes/demo.yaml --set run.dir="$work/run" --set train.max_steps=10 \
+  --set checkpoint.every_steps=0 2>&1 | tail -n 5
+# First and last steps that had loss tokens.
+losses=$(grep -o '"loss": [0-9.]*' "$work/run/metrics.jsonl" | cut -d' ' -f2)
+first=$(echo "$losses" | head -n 1)
+last=$(echo "$losses" | tail -n 1)
+echo "loss: first step $first, last step $last"
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }' || { echo "the loss did not fall"; exit 1; }
+"$py" "$src/tests/e2e/generate_hf.py" "$work/run/checkpoints/step-00000010/model" "$src/data/tokenizers/qwen3"
+"$qrun" eval recipes/demo.yaml --set run.dir="$work/run" \
+  --set model.path="$work/run/checkpoints/step-00000010/model" --set model.preset=none \
+  --set data.collator.tokens_per_batch=2048
