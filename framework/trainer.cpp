@@ -280,7 +280,7 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
   AdamW opt(trainable, ao);
 
   ModelSummary ms = run.model->summary();
-  log_info("model: {} ({} parameters) on {}", ms.description, ms.num_parameters, run.device.str());
+  log_info("model: {} on {}", ms.description, run.device.str());
 
   int64_t total_steps = train.get_int("max_steps");
   const std::string sched_name = sched.get_string("name");
@@ -317,12 +317,17 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
   int64_t start_step = st.step;
   double last_loss = std::nan("");
   bool stopped = false;
+  int64_t empty_batches = 0;
 
   while (st.step < total_steps) {
     // 1. micro-batches of this step
     std::vector<Batch> micro;
     while (static_cast<int64_t>(micro.size()) < grad_accum) {
       auto b = run.collator->next(*stream);
+      if (b && b->loss_tokens == 0) {  // nothing to learn from (e.g. prompts cut by truncation)
+        empty_batches++;
+        continue;
+      }
       if (b) {
         micro.push_back(std::move(*b));
         continue;
@@ -426,6 +431,8 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
   }
   save_checkpoint(run, opt, st, ckpt_root, keep);
   for (auto& p : run.profilers) p->on_run_end();
+  if (empty_batches > 0)
+    log_info("{} batches had no loss tokens (nothing to train on) and were skipped", empty_batches);
   double secs = seconds_since(t_start);
   log_info("{}: {} steps in {}, {:.0f} tokens, {:.0f} tokens/s, last loss {:.4f}; metrics in {}",
            stopped ? "stopped" : "done", st.step - start_step, human_duration(secs),
