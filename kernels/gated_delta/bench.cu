@@ -58,6 +58,13 @@ int main(int argc, char** argv) {
       {"4x2048", {2048, 2048, 2048, 2048}, false, -1, -1, -1, -1},
       {"1x8192 fused(l2,gate,sig)", {8192}, true, -1, -1, -1, -1},
   };
+  // QRUN_GDN_BENCH_CFG=i runs only config i; QRUN_GDN_BENCH_WARM=n warm-ups (default 3; 0 for ncu).
+  if (const char* e = std::getenv("QRUN_GDN_BENCH_CFG")) {
+    const int i = std::atoi(e);
+    if (i < 0 || i >= (int)cfgs.size()) { std::fprintf(stderr, "bad QRUN_GDN_BENCH_CFG\n"); return 2; }
+    cfgs = {cfgs[i]};
+  }
+  const int warm = std::getenv("QRUN_GDN_BENCH_WARM") ? std::atoi(std::getenv("QRUN_GDN_BENCH_WARM")) : 3;
   std::mt19937 rng(1234);
   std::printf("\n%-26s %9s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s\n", "config", "fwd ms", "fwd GB/s",
               "fwd TF/s", "bwd ms", "bwd GB/s", "bwd TF/s", "fla fwd", "QLA fwd", "fla bwd", "QLA bwd");
@@ -125,7 +132,7 @@ int main(int argc, char** argv) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     auto time_it = [&](auto fn) {
-      for (int i = 0; i < 3; ++i) fn();
+      for (int i = 0; i < warm; ++i) fn();
       CK(cudaDeviceSynchronize());
       std::vector<float> ms;
       for (int i = 0; i < iters; ++i) {

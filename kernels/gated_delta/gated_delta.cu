@@ -22,6 +22,7 @@ __global__ void gdn_prep_kernel(KParams p);
 __global__ void gdn_state_kernel(KParams p, int mode);
 __global__ void gdn_dh_kernel(KParams p);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
+size_t seq_smem_bytes();
 __global__ void gdn_group_reduce_kernel(KParams p);
 __global__ void gdn_param_reduce_kernel(KParams p);
 }  // namespace detail
@@ -30,9 +31,6 @@ namespace {
 using namespace detail;
 
 constexpr size_t kPrepSmem = (2 * C * LDK + 2 * C * LDC + 3 * 256 + 2 * C) * sizeof(float);
-constexpr size_t kStateSmem = (DK * LDV + 2 * C * LDC + 2 * C * LDV + 5 * C) * sizeof(float) +
-                              2 * C * LDB * sizeof(__nv_bfloat16);
-constexpr size_t kDhSmem = kStateSmem;
 constexpr int kUnionF = 2 * DK * LDV + 4 * C * LDV;
 constexpr size_t kBwdSmem = (2 * C * LDK + 4 * C * LDC + kUnionF + 18 * C + 8) * sizeof(float);
 
@@ -45,7 +43,7 @@ void check_cuda(cudaError_t e, const char* what) {
 size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
 
 struct Layout {
-  size_t rq, rk, gam, bet, Tm, Pm, hs, dhs, Dl, dDl, dqh, dkh, part, total_fwd, total_bwd;
+  size_t rq, rk, gam, bet, Tm, Tp, Pp, hs, dhs, Dl, dDl, dqh, dkh, part, total_fwd, total_bwd;
 };
 
 Layout layout(const GdnProblem& p) {
@@ -59,7 +57,8 @@ Layout layout(const GdnProblem& p) {
   l.gam = take(T * HV * f);
   l.bet = take(T * HV * f);
   l.Tm = take(NT * HV * C * C * f);
-  l.Pm = take(NT * HV * C * C * f);
+  l.Tp = take(NT * HV * 2 * C * C * sizeof(uint16_t));
+  l.Pp = take(NT * HV * 2 * C * C * sizeof(uint16_t));
   l.total_fwd = off;
   l.hs = take(NT * HV * KV * f);
   l.dhs = take(NT * HV * KV * f);
@@ -103,7 +102,8 @@ KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
   k.gam = reinterpret_cast<float*>(w + l.gam);
   k.bet = reinterpret_cast<float*>(w + l.bet);
   k.Tm = reinterpret_cast<float*>(w + l.Tm);
-  k.Pm = reinterpret_cast<float*>(w + l.Pm);
+  k.Tp = reinterpret_cast<__nv_bfloat16*>(w + l.Tp);
+  k.Pp = reinterpret_cast<__nv_bfloat16*>(w + l.Pp);
   if (bwd) {
     k.hs = reinterpret_cast<float*>(w + l.hs);
     k.dhs = reinterpret_cast<float*>(w + l.dhs);
@@ -243,8 +243,8 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
   Prof pr(s);
   launch_common_fwd(k, p, s, pr);
   if (p.num_seqs > 0) {
-    set_smem(gdn_state_kernel, kStateSmem, 1);
-    gdn_state_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, kStateSmem, s>>>(k, 1);
+    set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
+    gdn_state_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, seq_smem_bytes(), s>>>(k, 1);
     check_launch("gdn_state_kernel");
     pr.mark("state(fwd)");
   }
@@ -269,12 +269,12 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
   Prof pr(s);
   launch_common_fwd(k, p, s, pr);
   if (p.num_seqs > 0) {
-    set_smem(gdn_state_kernel, kStateSmem, 1);
-    gdn_state_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, kStateSmem, s>>>(k, 2);
+    set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
+    gdn_state_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, seq_smem_bytes(), s>>>(k, 2);
     check_launch("gdn_state_kernel(bwd)");
     pr.mark("state(recompute h)");
-    set_smem(gdn_dh_kernel, kDhSmem, 2);
-    gdn_dh_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "dh"), 256, kDhSmem, s>>>(k);
+    set_smem(gdn_dh_kernel, seq_smem_bytes(), 2);
+    gdn_dh_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "dh"), 256, seq_smem_bytes(), s>>>(k);
     check_launch("gdn_dh_kernel");
     pr.mark("dh");
   }

@@ -1,6 +1,5 @@
 // Backward kernels of the chunked gated delta rule:
-//   gdn_dh_kernel         per (sequence, value head, V slice), reverse over chunks: stores dS_C of
-//                         each chunk (dhs), dDelta (dDl) and d initial state.
+//   (the reverse sequential gdn_dh_kernel is in gdn_seq.cu)
 //   gdn_bwd_chunk_kernel  per (chunk, value head): dq/dk per value head (fp32 scratch), dv, dbeta,
 //                         dgamma -> dg (chunk-local reverse cumsum), fused gate/beta grads.
 //   gdn_group_reduce_kernel  per (token, key head): sum dq/dk over the value-head group, l2norm bwd.
@@ -9,118 +8,6 @@
 #include "gdn_kernels.cuh"
 
 namespace qrun::gdn::detail {
-
-constexpr int kDhThreads = 256;
-
-// Reverse sequential pass, one block of 8 warps per (sequence, value head, V slice), two blocks per
-// SM; warp tiles as in gdn_state_kernel.
-// Per chunk (dS = gradient w.r.t. the state leaving the chunk):
-//   1. dDelta = diag(e^{gam_L - gam}) K dS + s P^T dO   (stored: dDl)
-//   2. Z = -diag(beta e^gam) T^T dDelta (in place of dDelta);  dO <- s diag(e^gam) dO
-//   3. dS <- e^{gam_L} dS + Q^T dO + K^T Z
-__global__ void __launch_bounds__(kDhThreads, 2) gdn_dh_kernel(KParams p) {
-  extern __shared__ float sm[];
-  float* dSs = sm;                                                  // [DK][LDV]
-  __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(dSs + DK * LDV);
-  __nv_bfloat16* Qb = Kb + C * LDB;
-  float* Ts = reinterpret_cast<float*>(Qb + C * LDB);
-  float* Ps = Ts + C * LDC;
-  float* dOs = Ps + C * LDC;     // [C][LDV]
-  float* DDs = dOs + C * LDV;    // [C][LDV] (dDelta, then Z)
-  float* gam = DDs + C * LDV;
-  float* bet = gam + C;
-  float* rsK = bet + C;
-  float* rsQ = rsK + C;
-
-  const int64_t bid = blockIdx.x;
-  const int vs = (int)(bid % NVS);
-  const int64_t rest = bid / NVS;
-  const int hv = (int)(rest % p.HV);
-  const int64_t n = rest / p.HV;
-  const int h = hv / p.G;
-  const int tid = threadIdx.x, warp = tid >> 5, wr = warp & 3, wc = warp >> 2;
-  const int v0 = vs * BV;
-  const int64_t KV = (int64_t)DK * DV;
-  // raw bf16 values (exact in TF32); the l2norm row scales are applied outside the products
-  auto Kr = [&](int r, int c) { return __bfloat162float(Kb[r * LDB + c]); };
-  auto Qr = [&](int r, int c) { return __bfloat162float(Qb[r * LDB + c]); };
-
-  for (int i = tid; i < DK * BV; i += blockDim.x) {
-    const int r = i / BV, cc = i % BV;
-    dSs[r * LDV + cc] = p.dht ? p.dht[(n * p.HV + hv) * KV + (int64_t)r * DV + v0 + cc] : 0.f;
-  }
-  const int64_t bos = p.cu[n], eos = p.cu[n + 1];
-  const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  for (int64_t c = c_end - 1; c >= c_beg; --c) {
-    const int64_t t0 = bos + (c - c_beg) * C;
-    const int L = (int)((eos - t0) < C ? (eos - t0) : C);
-    __syncthreads();
-    load_chunk<kDhThreads>(p, h, hv, c, t0, L, true, true, p.dO, p.do_st, p.do_sh, p.vec_do, v0,
-                           Kb, rsK, Qb, rsQ, Ts, Ps, dOs, gam, bet);
-    {
-      float* dhg = p.dhs + (c * p.HV + hv) * KV;
-      for (int i = tid; i < DK * BV; i += blockDim.x) {
-        const int r = i / BV, cc = i % BV;
-        dhg[(int64_t)r * DV + v0 + cc] = dSs[r * LDV + cc];
-      }
-    }
-    __syncthreads();
-    const float gl = gam[L - 1];
-    {  // 1. dDelta
-      float a1[2][4], a2[2][4];
-      zero_acc(a1);
-      zero_acc(a2);
-      warp_mma<2, DK, true>(a1, [&](int m, int k) { return Kr(16 * wr + m, k); },
-                            [&](int k, int nn) { return dSs[k * LDV + 16 * wc + nn]; });
-      warp_mma<2, C, false, true>(a2, [&](int m, int k) { return Ps[k * LDC + 16 * wr + m]; },
-                                  [&](int k, int nn) { return dOs[k * LDV + 16 * wc + nn]; });
-      const int lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-#pragma unroll
-      for (int nn = 0; nn < 2; ++nn)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = 16 * wr + gq + ((e >> 1) << 3), j = 16 * wc + nn * 8 + 2 * tq + (e & 1);
-          const float d = r < L ? expf(gl - gam[r]) * rsK[r] * a1[nn][e] + p.scale * a2[nn][e] : 0.f;
-          DDs[r * LDV + j] = d;
-          if (r < L) p.dDl[((t0 + r) * p.HV + hv) * DV + v0 + j] = d;
-        }
-    }
-    __syncthreads();
-    {  // 2. Z = -diag(beta e^gam) T^T dDelta ; dO <- s e^gam dO
-      float acc[2][4];
-      zero_acc(acc);
-      warp_mma<2, C>(acc, [&](int m, int k) { return Ts[k * LDC + 16 * wr + m]; },
-                     [&](int k, int nn) { return DDs[k * LDV + 16 * wc + nn]; });
-      __syncthreads();
-      for_frag(acc, [&](int r, int j, float& x) {
-        r += 16 * wr;
-        j += 16 * wc;
-        const float e = expf(gam[r]);  // l2norm scales folded in so that K, Q stay raw (exact)
-        DDs[r * LDV + j] = r < L ? -bet[r] * e * rsK[r] * x : 0.f;
-        dOs[r * LDV + j] = r < L ? p.scale * e * rsQ[r] * dOs[r * LDV + j] : 0.f;
-      });
-    }
-    __syncthreads();
-    const float eg = expf(gl);
-    {  // 3. dS = e^gl dS + Q^T (s e^gam dO) + K^T Z
-      const int rb = 16 * warp;
-      float acc[4][4];
-      for_frag(acc, [&](int r, int j, float& x) { x = eg * dSs[(rb + r) * LDV + j]; });
-      warp_mma<4, C, true>(acc, [&](int m, int k) { return Qr(k, rb + m); },
-                           [&](int k, int nn) { return dOs[k * LDV + nn]; });
-      warp_mma<4, C, true>(acc, [&](int m, int k) { return Kr(k, rb + m); },
-                           [&](int k, int nn) { return DDs[k * LDV + nn]; });
-      for_frag(acc, [&](int r, int j, float& x) { dSs[(rb + r) * LDV + j] = x; });
-    }
-  }
-  __syncthreads();
-  if (p.dh0) {
-    for (int i = tid; i < DK * BV; i += blockDim.x) {
-      const int r = i / BV, cc = i % BV;
-      p.dh0[(n * p.HV + hv) * KV + (int64_t)r * DV + v0 + cc] = dSs[r * LDV + cc];
-    }
-  }
-}
 
 constexpr int kBwdThreads = 512;
 constexpr int kUnion = 2 * DK * LDV + 4 * C * LDV;  // >= C*LDK + 2*C*LDC

@@ -2,9 +2,7 @@
 //   gdn_l2norm_rstd_kernel  per (token, key head) rstd of q and k (optional)
 //   gdn_prep_kernel         per (chunk, value head): gate + chunk cumsum, beta, A, T = (I+A)^-1,
 //                           P = (Q K^T) .* Gamma (lower incl. diagonal)
-//   gdn_state_kernel        per (sequence, value head, 32-wide V slice), sequential over chunks:
-//                           Delta = T (diag(beta) V - diag(beta e^gamma) K S), O, S update;
-//                           optionally stores S at each chunk start and Delta (for the backward)
+// (the sequential gdn_state_kernel is in gdn_seq.cu)
 #include "gdn_common.cuh"
 #include "gdn_kernels.cuh"
 
@@ -118,10 +116,13 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
     zero_acc(acc);
     warp_mma<4, DK, true, true>(acc, [&](int m, int k) { return Qs[(16 * wr + m) * LDK + k]; },
                                 [&](int k, int nn) { return Ks[(32 * wc + nn) * LDK + k]; });
-    float* P = p.Pm + (c * p.HV + hv) * (int64_t)(C * C);
+    __nv_bfloat16* P = p.Pp + (c * p.HV + hv) * (int64_t)(2 * C * C);  // hi/lo planes
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr; j += 32 * wc;
-      P[r * C + j] = (r >= j && r < L) ? rsQ[r] * rsK[j] * x * expf(gam[r] - gam[j]) : 0.f;
+      const float v = (r >= j && r < L) ? rsQ[r] * rsK[j] * x * expf(gam[r] - gam[j]) : 0.f;
+      const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+      P[r * C + j] = hi;
+      P[C * C + r * C + j] = __float2bfloat16_rn(v - __bfloat162float(hi));
     });
   }
   __syncthreads();
@@ -158,131 +159,13 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
     __syncthreads();
   }
   float* Tg = p.Tm + (c * p.HV + hv) * (int64_t)(C * C);
-  for (int i = tid; i < C * C; i += blockDim.x) Tg[i] = Ts[(i >> 6) * LDC + (i & 63)];
-}
-
-constexpr int kStateThreads = 256;
-
-// Sequential forward over chunks, one block of 8 warps per (sequence, value head, 32-wide V slice);
-// sized for two blocks per SM. Warp w owns rows 16*(w&3) and columns 16*(w>>2) of the 64 x 32
-// chunk tiles, and rows 16*w of the 128 x 32 state slice. mode bits: 1 = write o (+ final state), 2 = write hs/Dl (for the backward).
-// Per chunk, three phases separated by barriers:
-//   1. X = K S and (mode 1) O1 = diag(e^gam) Q S;  Y = diag(beta)(V - diag(e^gam) X) (in place in Vs)
-//   2. Delta = T Y
-//   3. O = s (O1 + P Delta);  S = e^{gam_L} S + (diag(e^{gam_L - gam}) K)^T Delta
-__global__ void __launch_bounds__(kStateThreads, 2) gdn_state_kernel(KParams p, int mode) {
-  extern __shared__ float sm[];
-  float* Ss = sm;                                                   // [DK][LDV]
-  __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(Ss + DK * LDV);  // [C][LDB]
-  __nv_bfloat16* Qb = Kb + C * LDB;
-  float* Ts = reinterpret_cast<float*>(Qb + C * LDB);               // [C][LDC]
-  float* Ps = Ts + C * LDC;
-  float* Vs = Ps + C * LDC;                                         // [C][LDV] (V, then Y)
-  float* Ds = Vs + C * LDV;                                         // [C][LDV]
-  float* gam = Ds + C * LDV;
-  float* bet = gam + C;
-  float* dec = bet + C;
-  float* rsK = dec + C;
-  float* rsQ = rsK + C;
-
-  const int64_t bid = blockIdx.x;
-  const int vs = (int)(bid % NVS);
-  const int64_t rest = bid / NVS;
-  const int hv = (int)(rest % p.HV);
-  const int64_t n = rest / p.HV;
-  const int h = hv / p.G;
-  const int tid = threadIdx.x, warp = tid >> 5, wr = warp & 3, wc = warp >> 2;
-  const int v0 = vs * BV;
-  const bool want_o = (mode & 1) && p.o;
-  const bool want_h = (mode & 2) != 0;
-  const int64_t KV = (int64_t)DK * DV;
-
-  for (int i = tid; i < DK * BV; i += blockDim.x) {
-    const int r = i / BV, cc = i % BV;
-    Ss[r * LDV + cc] = p.h0 ? p.h0[(n * p.HV + hv) * KV + (int64_t)r * DV + v0 + cc] : 0.f;
-  }
-  // raw bf16 values (exact in TF32); the l2norm row scales are applied outside the products
-  auto Kr = [&](int r, int c) { return __bfloat162float(Kb[r * LDB + c]); };
-  auto Qr = [&](int r, int c) { return __bfloat162float(Qb[r * LDB + c]); };
-  const int64_t bos = p.cu[n], eos = p.cu[n + 1];
-  const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  for (int64_t c = c_beg; c < c_end; ++c) {
-    const int64_t t0 = bos + (c - c_beg) * C;
-    const int L = (int)((eos - t0) < C ? (eos - t0) : C);
-    __syncthreads();  // previous chunk fully done with smem
-    load_chunk<kStateThreads>(p, h, hv, c, t0, L, want_o, want_o, p.v, p.v_st, p.v_sh, p.vec_v, v0,
-                              Kb, rsK, Qb, rsQ, Ts, Ps, Vs, gam, bet);
-    if (want_h) {
-      float* hg = p.hs + (c * p.HV + hv) * KV;
-      for (int i = tid; i < DK * BV; i += blockDim.x) {
-        const int r = i / BV, cc = i % BV;
-        hg[(int64_t)r * DV + v0 + cc] = Ss[r * LDV + cc];
-      }
-    }
-    __syncthreads();
-    const float gl = gam[L - 1];
-    if (tid < C) dec[tid] = tid < L ? expf(gl - gam[tid]) * rsK[tid] : 0.f;  // decay x l2norm scale
-    // phase 1
-    float aO[2][4];
-    {
-      float acc[2][4];
-      zero_acc(acc);
-      warp_mma<2, DK, true>(acc, [&](int m, int k) { return Kr(16 * wr + m, k); },
-                            [&](int k, int nn) { return Ss[k * LDV + 16 * wc + nn]; });
-      if (want_o) {
-        zero_acc(aO);
-        warp_mma<2, DK, true>(aO, [&](int m, int k) { return Qr(16 * wr + m, k); },
-                              [&](int k, int nn) { return Ss[k * LDV + 16 * wc + nn]; });
-        for_frag(aO, [&](int r, int j, float& x) { r += 16 * wr; x *= expf(gam[r]) * rsQ[r]; });
-      }
-      for_frag(acc, [&](int r, int j, float& x) {
-        r += 16 * wr;
-        j += 16 * wc;
-        Vs[r * LDV + j] = r < L ? bet[r] * (Vs[r * LDV + j] - expf(gam[r]) * rsK[r] * x) : 0.f;
-      });
-    }
-    __syncthreads();
-    {  // phase 2: Delta = T Y
-      float acc[2][4];
-      zero_acc(acc);
-      warp_mma<2, C>(acc, [&](int m, int k) { return Ts[(16 * wr + m) * LDC + k]; },
-                     [&](int k, int nn) { return Vs[k * LDV + 16 * wc + nn]; });
-      for_frag(acc, [&](int r, int j, float& x) {
-        r += 16 * wr;
-        j += 16 * wc;
-        const float d = r < L ? x : 0.f;
-        Ds[r * LDV + j] = d;
-        if (want_h && r < L) p.Dl[((t0 + r) * p.HV + hv) * DV + v0 + j] = d;
-      });
-    }
-    __syncthreads();
-    // phase 3
-    if (want_o) {
-      warp_mma<2, C>(aO, [&](int m, int k) { return Ps[(16 * wr + m) * LDC + k]; },
-                     [&](int k, int nn) { return Ds[k * LDV + 16 * wc + nn]; });
-      __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.o);
-      for_frag(aO, [&](int r, int j, float& x) {
-        r += 16 * wr;
-        j += 16 * wc;
-        if (r < L) o[(t0 + r) * p.o_st + (int64_t)hv * p.o_sh + v0 + j] = __float2bfloat16_rn(p.scale * x);
-      });
-    }
-    const float eg = expf(gl);
-    {
-      const int rb = 16 * warp;
-      float acc[4][4];
-      for_frag(acc, [&](int r, int j, float& x) { x = eg * Ss[(rb + r) * LDV + j]; });
-      warp_mma<4, C, true>(acc, [&](int m, int k) { return Kr(k, rb + m); },
-                           [&](int k, int nn) { return Ds[k * LDV + nn] * dec[k]; });
-      for_frag(acc, [&](int r, int j, float& x) { Ss[(rb + r) * LDV + j] = x; });
-    }
-  }
-  __syncthreads();
-  if (p.ht && (mode & 1)) {
-    for (int i = tid; i < DK * BV; i += blockDim.x) {
-      const int r = i / BV, cc = i % BV;
-      p.ht[(n * p.HV + hv) * KV + (int64_t)r * DV + v0 + cc] = Ss[r * LDV + cc];
-    }
+  __nv_bfloat16* Tpg = p.Tp + (c * p.HV + hv) * (int64_t)(2 * C * C);  // hi/lo planes
+  for (int i = tid; i < C * C; i += blockDim.x) {
+    const float v = Ts[(i >> 6) * LDC + (i & 63)];
+    Tg[i] = v;
+    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+    Tpg[i] = hi;
+    Tpg[C * C + i] = __float2bfloat16_rn(v - __bfloat162float(hi));
   }
 }
 

@@ -2,7 +2,7 @@
 # One device-machine call: build (sm_90), run the CPU reference test, the GPU conformance test,
 # compute-sanitizer on the quick grid, and the benchmark. Logs go to $OUT (or /tmp/gdn-out).
 # Usage (repo root): bash kernels/gated_delta/run_device.sh [steps...]
-#   steps: build ref gpu san race prof bench tf32 (default: build ref gpu san bench)
+#   steps: build ref gpu quick san race prof bench ncu tf32 (default: build ref gpu san bench)
 set -u
 OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
 B=/tmp/gdn-dev-build
@@ -16,6 +16,7 @@ if has build; then
 fi
 if has ref; then timeout 120 $B/test_gated_delta_reference > "$OUT/ref.log" 2>&1; echo "ref rc=$?"; tail -1 "$OUT/ref.log"; fi
 if has gpu; then timeout 300 $B/test_gated_delta > "$OUT/gpu_test.log" 2>&1; echo "gpu test rc=$?"; cat "$OUT/gpu_test.log"; fi
+if has quick; then QRUN_GDN_QUICK=1 timeout 120 $B/test_gated_delta > "$OUT/gpu_quick.log" 2>&1; echo "gpu quick test rc=$?"; tail -3 "$OUT/gpu_quick.log"; fi
 if has san; then
   QRUN_GDN_QUICK=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_gated_delta > "$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$?"; tail -4 "$OUT/memcheck.log"
@@ -31,4 +32,12 @@ if has tf32; then  # plain-TF32 variant (-DQRUN_GDN_3XTF32=OFF): test + bench
   timeout 100 ${B}3/bench 10 2>&1 | tail -8
 fi
 if has prof; then QRUN_GDN_PROFILE=1 timeout 60 $B/bench 1 > "$OUT/prof.log" 2>&1; echo "prof rc=$?"; fi
+if has ncu; then  # hardware counters of the sequential kernels and bwd_chunk (first launch of each)
+  QRUN_GDN_BENCH_CFG=0 QRUN_GDN_BENCH_WARM=0 timeout 300 ncu --clock-control none \
+    --kernel-name regex:"${NCU_KERNELS:-gdn_(state|dh|bwd_chunk)_kernel}" --launch-count ${NCU_COUNT:-4} \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+    --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats \
+    --print-details all $B/bench 1 > "$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?"
+fi
 if has bench; then timeout 120 $B/bench 20 > "$OUT/bench.log" 2>&1; echo "bench rc=$?"; cat "$OUT/bench.log"; fi

@@ -1,0 +1,95 @@
+// bf16 tensor-core helpers for the sequential kernels: mma.m16n8k16 (bf16 in, fp32 accumulate),
+// ldmatrix fragment loads, and the two-plane bf16 split of fp32 values.
+//
+// Precision scheme ("bf16x2"): an fp32 value x is stored as two bf16 planes hi = bf16(x),
+// lo = bf16(x - hi), so hi + lo carries 16 significant bits (relative representation error
+// <= 2^-17). Products of a raw bf16 operand (k, q, v, dO: exact in bf16) with a split operand take
+// 2 MMAs (raw*hi + raw*lo); products of two split operands take 3 (hi*hi + hi*lo + lo*hi; the
+// dropped lo*lo term is <= 2^-18 relative). Accumulation is fp32 throughout, and the recurrent
+// state itself stays fp32 in registers (only its MMA operand copy is split).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace qrun::gdn::detail {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// x4 ldmatrix: lane l supplies the row address of matrix l/8, row l%8.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Packs (x, y) as bf16x2 (x in the low half) hi and lo planes.
+__device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t& lo) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  const float2 hf = __bfloat1622float2(h);
+  __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
+  hi = *reinterpret_cast<uint32_t*>(&h);
+  lo = *reinterpret_cast<uint32_t*>(&l);
+}
+
+// ---- fragment addresses (element offsets into a bf16 plane) for lane l ----
+// Plain row-major [rows][ld] planes. 16x16 A tile at (m0, k0) of a row-major [m][k] matrix:
+__device__ __forceinline__ int a_off(int ld, int m0, int k0, int l) {
+  return (m0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + k0 + (l >> 4) * 8;
+}
+// 16x16 A tile at (m0, k0) of A = M^T where M is row-major [k][m] (use ldsm_x4_t):
+__device__ __forceinline__ int at_off(int ld, int m0, int k0, int l) {
+  return (k0 + (l & 7) + (l >> 4) * 8) * ld + m0 + ((l >> 3) & 1) * 8;
+}
+// B (16 x 16 = two n8 tiles) at (k0, n0) of a row-major [k][n] matrix (use ldsm_x4_t):
+// r[0], r[1] = tile n0; r[2], r[3] = tile n0 + 8.
+__device__ __forceinline__ int b_off(int ld, int k0, int n0, int l) {
+  return (k0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + n0 + (l >> 4) * 8;
+}
+
+// 128-byte-swizzled planes (rows of a multiple of 64 bf16; 16-byte chunk index XOR (row & 7)):
+// conflict-free ldmatrix without padding. Element (r, c) with c a multiple of 8:
+template <int LD>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * LD + ((((c >> 3) ^ r) & 7) | ((c >> 3) & ~7)) * 8;
+}
+template <int LD>
+__device__ __forceinline__ int a_off_sw(int m0, int k0, int l) {
+  return swz<LD>(m0 + (l & 7) + ((l >> 3) & 1) * 8, k0 + (l >> 4) * 8);
+}
+template <int LD>
+__device__ __forceinline__ int at_off_sw(int m0, int k0, int l) {
+  return swz<LD>(k0 + (l & 7) + (l >> 4) * 8, m0 + ((l >> 3) & 1) * 8);
+}
+// element (r, c) of a swizzled plane, any c
+template <int LD>
+__device__ __forceinline__ int swz_el(int r, int c) {
+  return swz<LD>(r, c & ~7) + (c & 7);
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 zero-fills (src must still be a valid address).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+}  // namespace qrun::gdn::detail
