@@ -23,6 +23,7 @@ __global__ void gdn_state_kernel(KParams p, int mode);
 __global__ void gdn_dh_kernel(KParams p);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
 size_t seq_smem_bytes();
+size_t bwd_smem_bytes();
 __global__ void gdn_group_reduce_kernel(KParams p);
 __global__ void gdn_param_reduce_kernel(KParams p);
 }  // namespace detail
@@ -31,8 +32,6 @@ namespace {
 using namespace detail;
 
 constexpr size_t kPrepSmem = (2 * C * LDK + 2 * C * LDC + 3 * 256 + 2 * C) * sizeof(float);
-constexpr int kUnionF = 2 * DK * LDV + 4 * C * LDV;
-constexpr size_t kBwdSmem = (2 * C * LDK + 4 * C * LDC + kUnionF + 18 * C + 8) * sizeof(float);
 
 [[noreturn]] void fail(const std::string& m) { throw std::runtime_error("qrun::gdn: " + m); }
 
@@ -279,8 +278,8 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     pr.mark("dh");
   }
   if (p.num_chunks > 0) {
-    set_smem(gdn_bwd_chunk_kernel, kBwdSmem, 3);
-    gdn_bwd_chunk_kernel<<<grid1d(p.num_chunks * p.HV, "bwd_chunk"), 512, kBwdSmem, s>>>(k);
+    set_smem(gdn_bwd_chunk_kernel, bwd_smem_bytes(), 3);
+    gdn_bwd_chunk_kernel<<<grid1d(p.num_chunks * p.HV, "bwd_chunk"), 512, bwd_smem_bytes(), s>>>(k);
     check_launch("gdn_bwd_chunk_kernel");
     pr.mark("bwd_chunk");
   }

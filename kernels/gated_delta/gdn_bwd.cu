@@ -6,29 +6,46 @@
 //   gdn_param_reduce_kernel  per value head: dA_log, ddt_bias from per-chunk partials.
 #include "gdn_common.cuh"
 #include "gdn_kernels.cuh"
+#include "gdn_mma16.cuh"
 
 namespace qrun::gdn::detail {
 
 constexpr int kBwdThreads = 512;
-constexpr int kUnion = 2 * DK * LDV + 4 * C * LDV;  // >= C*LDK + 2*C*LDC
-static_assert(kUnion >= C * LDK + 2 * C * LDC, "union too small");
+constexpr int LDKB = DK + 8;  // raw bf16 q/k row stride
+constexpr int LDP = BV + 8;   // [rows][BV] bf16 plane row stride (conflict-free ldmatrix)
+constexpr int SPL = DK * LDP; // one [128][LDP] plane
+constexpr int CPL = C * LDP;  // one [64][LDP] plane
+// V-loop view of the union (bf16): S0 and dS_C planes [2][128][LDP], Delta and dDelta planes
+// [2][64][LDP], raw dO and v slices [64][LDP], T planes [2][64][64] (swizzled)
+constexpr int kVloopEl = 4 * SPL + 4 * CPL + 2 * CPL + 2 * C * C;
+constexpr int kPostF = C * LDK + 2 * C * LDC;  // post-loop view (fp32)
+constexpr int kUnion = (kVloopEl / 2 > kPostF) ? kVloopEl / 2 : kPostF;
+constexpr int kBwdSmemF = 2 * (C * LDKB / 2) + 2 * C + 4 * C * LDC + kUnion + 18 * C + 8;
 
+size_t bwd_smem_bytes() { return (size_t)kBwdSmemF * sizeof(float); }
+
+// Per (chunk, value head). q/k stay raw bf16 in shared memory (l2norm row scales rsQ/rsK applied
+// outside the products). The V loop (the bulk of the FLOPs) runs on bf16 tensor cores with hi/lo
+// split operands (gdn_mma16.cuh); the WY part after it uses the 3xTF32 warp_mma.
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
-  extern __shared__ float sm[];
-  float* Ks = sm;                // [C][LDK]
-  float* Qs = Ks + C * LDK;
-  float* Ts = Qs + C * LDK;      // [C][LDC]
+  extern __shared__ __align__(128) float sm[];
+  __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][LDKB]
+  __nv_bfloat16* Qb = Kb + C * LDKB;
+  float* rsK = reinterpret_cast<float*>(Qb + C * LDKB);
+  float* rsQ = rsK + C;
+  float* Ts = rsQ + C;           // [C][LDC]
   float* KKs = Ts + C * LDC;
   float* Pgs = KKs + C * LDC;
   float* dTs = Pgs + C * LDC;
   float* U = dTs + C * LDC;      // union
   // V-loop view of the union
-  float* S0s = U;                // [DK][LDV]
-  float* dSCs = S0s + DK * LDV;  // [DK][LDV]
-  float* dOs = dSCs + DK * LDV;  // [C][LDV]
-  float* Dls = dOs + C * LDV;
-  float* DDs = Dls + C * LDV;
-  float* Vs = DDs + C * LDV;
+  __nv_bfloat16* S0p = reinterpret_cast<__nv_bfloat16*>(U);
+  __nv_bfloat16* dSp = S0p + 2 * SPL;
+  __nv_bfloat16* Dlp = dSp + 2 * SPL;
+  __nv_bfloat16* DDp = Dlp + 2 * CPL;
+  __nv_bfloat16* dOb = DDp + 2 * CPL;
+  __nv_bfloat16* Vb = dOb + CPL;
+  __nv_bfloat16* Tpb = Vb + CPL;
   // post-loop view
   float* dWs = U;                // [C][LDK]
   float* M1s = dWs + C * LDK;    // [C][LDC]
@@ -55,8 +72,36 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   const int wr = warp & 3, wc = warp >> 2;
   const int64_t KV = (int64_t)DK * DV;
 
-  load_qk<kBwdThreads>(Ks, p, true, h, t0, L);
-  load_qk<kBwdThreads>(Qs, p, false, h, t0, L);
+  {  // raw q/k (exact bf16) + l2norm scales
+    const __nv_bfloat16* kbase = bf16_at(p.k, t0 * p.k_st + (int64_t)h * p.k_sh);
+    const __nv_bfloat16* qbase = bf16_at(p.q, t0 * p.q_st + (int64_t)h * p.q_sh);
+    if (p.vec_k && p.vec_q) {
+      for (int v = tid; v < C * DK / 8; v += kBwdThreads) {
+        const int r = v >> 4, c8 = (v & 15) * 8;
+        const int rr = r < L ? r : 0;
+        cp_async16(Kb + r * LDKB + c8, kbase + rr * p.k_st + c8, r < L ? 16 : 0);
+        cp_async16(Qb + r * LDKB + c8, qbase + rr * p.q_st + c8, r < L ? 16 : 0);
+      }
+      cp_async_commit();
+    } else {
+      const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
+      for (int i = tid; i < C * DK; i += kBwdThreads) {
+        const int r = i / DK, cc = i % DK;
+        Kb[r * LDKB + cc] = r < L ? kbase[r * p.k_st + cc] : z;
+        Qb[r * LDKB + cc] = r < L ? qbase[r * p.q_st + cc] : z;
+      }
+    }
+    if (tid < C) {
+      const bool ok = tid < L;
+      rsK[tid] = ok ? (p.l2norm ? p.rk[(t0 + tid) * p.H + h] : 1.f) : 0.f;
+      rsQ[tid] = ok ? (p.l2norm ? p.rq[(t0 + tid) * p.H + h] : 1.f) : 0.f;
+    }
+  }
+  // normalised q/k values (raw x l2norm scale) for the fp32 (warp_mma) part
+  auto Kn = [&](int r, int cc) { return __bfloat162float(Kb[r * LDKB + cc]) * rsK[r]; };
+  auto Qn = [&](int r, int cc) { return __bfloat162float(Qb[r * LDKB + cc]) * rsQ[r]; };
+  auto Kr = [&](int r, int cc) { return __bfloat162float(Kb[r * LDKB + cc]); };
+  auto Qr = [&](int r, int cc) { return __bfloat162float(Qb[r * LDKB + cc]); };
   load_tile_f32<C, C, kBwdThreads>(Ts, LDC, p.Tm + (c * p.HV + hv) * (int64_t)(C * C), C, C);
   if (tid < C) {
     const int r = tid < L ? tid : L - 1;
@@ -67,13 +112,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     dbp[2 * C + tid] = 0.f;
     dbp[3 * C + tid] = 0.f;
   }
+  cp_async_wait_all();
   __syncthreads();
-  {  // KK = K K^T
+  {  // KK = K K^T (raw operands, exact products; scales applied after)
     float acc[2][4];
     zero_acc(acc);
-    warp_mma<2, DK>(acc, [&](int m, int k) { return Ks[(16 * wr + m) * LDK + k]; },
-                    [&](int k, int nn) { return Ks[(16 * wc + nn) * LDK + k]; });
-    for_frag(acc, [&](int r, int j, float& x) { KKs[(16 * wr + r) * LDC + 16 * wc + j] = x; });
+    warp_mma<2, DK, true, true>(acc, [&](int m, int k) { return Kr(16 * wr + m, k); },
+                                [&](int k, int nn) { return Kr(16 * wc + nn, k); });
+    for_frag(acc, [&](int r, int j, float& x) {
+      r += 16 * wr; j += 16 * wc;
+      KKs[r * LDC + j] = x * rsK[r] * rsK[j];
+    });
   }
   const float gl = gam[L - 1];
 
@@ -82,6 +131,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   float frob = 0.f;
   const float* hg = p.hs + (c * p.HV + hv) * KV;
   const float* dhg = p.dhs + (c * p.HV + hv) * KV;
+  {  // T hi/lo planes (for dV = T^T dDelta), waited for in the first slice
+    const __nv_bfloat16* tpg = p.Tp + (c * p.HV + hv) * (int64_t)(2 * C * C);
+    for (int v = tid; v < 2 * C * C / 8; v += kBwdThreads) {
+      const int pl = v >> 9, r = (v >> 3) & 63, c8 = v & 7;
+      cp_async16(Tpb + pl * C * C + swz<C>(r, c8 * 8), tpg + v * 8, 16);
+    }
+    cp_async_commit();
+  }
+  static_assert(DK * BV / 4 == 2 * kBwdThreads && C * BV / 4 == kBwdThreads, "slice/threads");
   for (int vs = 0; vs < NVS; ++vs) {
     const int v0 = vs * BV;
     __syncthreads();
@@ -90,12 +148,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     const float* dlb = p.Dl + (t0 * p.HV + hv) * DV + v0;
     const float* ddb = p.dDl + (t0 * p.HV + hv) * DV + v0;
     const int64_t dst = (int64_t)p.HV * DV;
-    if (p.vec_do && p.vec_v) {  // all loads of the slice in flight before the first store
-      static_assert(DK * BV / 4 == 2 * kBwdThreads && C * BV / 4 == kBwdThreads, "slice/threads");
+    {  // all loads of the slice in flight before the first store; fp32 operands split to hi/lo
       float4 s0[2], ds[2], dl, dd;
-      uint4 ob, vv;
       const float4 zf = make_float4(0.f, 0.f, 0.f, 0.f);
-      const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int v = tid + i * kBwdThreads, r = v >> 3, c4 = (v & 7) * 4;
@@ -105,66 +160,104 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
       const int rr = tid >> 3, c4 = (tid & 7) * 4;  // [64 x 32] fp32 slices: one float4 each
       dl = rr < L ? __ldg(reinterpret_cast<const float4*>(dlb + rr * dst + c4)) : zf;
       dd = rr < L ? __ldg(reinterpret_cast<const float4*>(ddb + rr * dst + c4)) : zf;
-      const int rb = (tid & 255) >> 2, c8 = (tid & 3) * 8;  // [64 x 32] bf16 slices: threads < 256
-      ob = (tid < 256 && rb < L) ? __ldg(reinterpret_cast<const uint4*>(dob + rb * p.do_st + c8)) : z4;
-      vv = (tid >= 256 && rb < L) ? __ldg(reinterpret_cast<const uint4*>(vb + rb * p.v_st + c8)) : z4;
+      const int rb = (tid & 255) >> 2, c8 = (tid & 3) * 8;  // [64 x 32] bf16 slices: threads < 256 dO
+      if (p.vec_do && p.vec_v) {
+        const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
+        const uint4 xv = tid < 256 ? (rb < L ? __ldg(reinterpret_cast<const uint4*>(dob + rb * p.do_st + c8)) : z4)
+                                   : (rb < L ? __ldg(reinterpret_cast<const uint4*>(vb + rb * p.v_st + c8)) : z4);
+        *reinterpret_cast<uint4*>((tid < 256 ? dOb : Vb) + rb * LDP + c8) = xv;
+      } else {
+        const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
+        const __nv_bfloat16* src = tid < 256 ? dob : vb;
+        const int64_t sst = tid < 256 ? p.do_st : p.v_st;
+        __nv_bfloat16* d = (tid < 256 ? dOb : Vb) + rb * LDP + c8;
+        for (int j = 0; j < 8; ++j) d[j] = rb < L ? src[rb * sst + c8 + j] : z;
+      }
+      auto put4 = [](__nv_bfloat16* P, int plane, int off, const float4& x) {
+        uint32_t h0, l0, h1, l1;
+        split2(x.x, x.y, h0, l0);
+        split2(x.z, x.w, h1, l1);
+        *reinterpret_cast<uint2*>(P + off) = make_uint2(h0, h1);
+        *reinterpret_cast<uint2*>(P + plane + off) = make_uint2(l0, l1);
+      };
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int v = tid + i * kBwdThreads, r = v >> 3, cc = (v & 7) * 4;
-        float* a = S0s + r * LDV + cc;
-        float* b2 = dSCs + r * LDV + cc;
-        a[0] = s0[i].x; a[1] = s0[i].y; a[2] = s0[i].z; a[3] = s0[i].w;
-        b2[0] = ds[i].x; b2[1] = ds[i].y; b2[2] = ds[i].z; b2[3] = ds[i].w;
+        frob += s0[i].x * ds[i].x + s0[i].y * ds[i].y + s0[i].z * ds[i].z + s0[i].w * ds[i].w;
+        put4(S0p, SPL, r * LDP + cc, s0[i]);
+        put4(dSp, SPL, r * LDP + cc, ds[i]);
       }
-      {
-        float* a = Dls + rr * LDV + c4;
-        float* b2 = DDs + rr * LDV + c4;
-        a[0] = dl.x; a[1] = dl.y; a[2] = dl.z; a[3] = dl.w;
-        b2[0] = dd.x; b2[1] = dd.y; b2[2] = dd.z; b2[3] = dd.w;
-      }
-      {
-        const uint4 xv = tid < 256 ? ob : vv;
-        const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
-        float* d = (tid < 256 ? dOs : Vs) + rb * LDV + c8;
+      put4(Dlp, CPL, rr * LDP + c4, dl);
+      put4(DDp, CPL, rr * LDP + c4, dd);
+    }
+    if (vs == 0) cp_async_wait_all();
+    __syncthreads();
+    // dQ += dO S0^T ; dKs += Delta dSC^T ; dW += dDelta S0^T   (16 x 32 tiles: rows 16wr, cols 32wc)
+    // PD += dO Delta^T ; dT += dDelta V^T                     (16 x 16 tiles: rows 16wr, cols 16wc)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __bfloat1622float2(h2[j]);
-          d[2 * j] = f.x;
-          d[2 * j + 1] = f.y;
+    for (int k0 = 0; k0 < BV; k0 += 16) {
+      uint32_t ao[4], aDh[4], aDl[4], adh[4], adl[4];
+      const int ao_ = a_off(LDP, 16 * wr, k0, lane);
+      ldsm_x4(ao, dOb + ao_);
+      ldsm_x4(aDh, Dlp + ao_);
+      ldsm_x4(aDl, Dlp + CPL + ao_);
+      ldsm_x4(adh, DDp + ao_);
+      ldsm_x4(adl, DDp + CPL + ao_);
+#pragma unroll
+      for (int nh = 0; nh < 2; ++nh) {
+        uint32_t sh[4], sl[4], dh[4], dl2[4];
+        const int bo = bn_off(LDP, k0, 32 * wc + 16 * nh, lane);
+        ldsm_x4(sh, S0p + bo);
+        ldsm_x4(sl, S0p + SPL + bo);
+        ldsm_x4(dh, dSp + bo);
+        ldsm_x4(dl2, dSp + SPL + bo);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          const int nt = 2 * nh + t;
+          mma_bf16(aQ[nt], ao, sl[2 * t], sl[2 * t + 1]);
+          mma_bf16(aQ[nt], ao, sh[2 * t], sh[2 * t + 1]);
+          mma_bf16(aKs[nt], aDl, dh[2 * t], dh[2 * t + 1]);
+          mma_bf16(aKs[nt], aDh, dl2[2 * t], dl2[2 * t + 1]);
+          mma_bf16(aKs[nt], aDh, dh[2 * t], dh[2 * t + 1]);
+          mma_bf16(aW[nt], adl, sh[2 * t], sh[2 * t + 1]);
+          mma_bf16(aW[nt], adh, sl[2 * t], sl[2 * t + 1]);
+          mma_bf16(aW[nt], adh, sh[2 * t], sh[2 * t + 1]);
         }
       }
-    } else {
-      load_tile_f32<DK, BV, kBwdThreads>(S0s, LDV, hg + v0, DV, DK);
-      load_tile_f32<DK, BV, kBwdThreads>(dSCs, LDV, dhg + v0, DV, DK);
-      load_tile_bf16<BV, kBwdThreads>(dOs, LDV, dob, p.do_st, L, nullptr, 0, p.vec_do);
-      load_tile_bf16<BV, kBwdThreads>(Vs, LDV, vb, p.v_st, L, nullptr, 0, p.vec_v);
-      load_tile_f32<C, BV, kBwdThreads>(Dls, LDV, dlb, dst, L);
-      load_tile_f32<C, BV, kBwdThreads>(DDs, LDV, ddb, dst, L);
+      {
+        uint32_t bh[4], bl[4], bv[4];
+        const int bo = bn_off(LDP, k0, 16 * wc, lane);
+        ldsm_x4(bh, Dlp + bo);
+        ldsm_x4(bl, Dlp + CPL + bo);
+        ldsm_x4(bv, Vb + bo);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          mma_bf16(aPD[t], ao, bl[2 * t], bl[2 * t + 1]);
+          mma_bf16(aPD[t], ao, bh[2 * t], bh[2 * t + 1]);
+          mma_bf16(aT[t], adl, bv[2 * t], bv[2 * t + 1]);
+          mma_bf16(aT[t], adh, bv[2 * t], bv[2 * t + 1]);
+        }
+      }
     }
-    __syncthreads();
-    for (int i = tid; i < DK * BV; i += blockDim.x) {
-      const int r = i / BV, cc = i % BV;
-      frob += S0s[r * LDV + cc] * dSCs[r * LDV + cc];
-    }
-    // dQ += dO S0^T ; dKs += Delta dSC^T ; dW += dDelta S0^T   (16 x 64 tiles)
-    warp_mma<4, BV, true>(aQ, [&](int m, int k) { return dOs[(16 * wr + m) * LDV + k]; },
-                          [&](int k, int nn) { return S0s[(32 * wc + nn) * LDV + k]; });
-    warp_mma<4, BV>(aKs, [&](int m, int k) { return Dls[(16 * wr + m) * LDV + k]; },
-                    [&](int k, int nn) { return dSCs[(32 * wc + nn) * LDV + k]; });
-    warp_mma<4, BV>(aW, [&](int m, int k) { return DDs[(16 * wr + m) * LDV + k]; },
-                    [&](int k, int nn) { return S0s[(32 * wc + nn) * LDV + k]; });
-    // PD += dO Delta^T ; dT += dDelta V^T   (16 x 32 tiles)
-    warp_mma<2, BV, true>(aPD, [&](int m, int k) { return dOs[(16 * wr + m) * LDV + k]; },
-                          [&](int k, int nn) { return Dls[(16 * wc + nn) * LDV + k]; });
-    warp_mma<2, BV, false, true>(aT, [&](int m, int k) { return DDs[(16 * wr + m) * LDV + k]; },
-                                 [&](int k, int nn) { return Vs[(16 * wc + nn) * LDV + k]; });
-    {  // dV = diag(beta) T^T dDelta (16 x 16 tiles) ; dbeta += rowsum(T^T dDelta .* V)
+    {  // dV = diag(beta) T^T dDelta (16 x 8 tiles: rows 16wr, cols 8wc) ; dbeta += rowsum(T^T dDelta .* V)
       float acc[1][4];
       zero_acc(acc);
-      warp_mma<1, C>(acc, [&](int m, int k) { return Ts[k * LDC + 16 * wr + m]; },
-                     [&](int k, int nn) { return DDs[k * LDV + 8 * wc + nn]; });
+      const int sel = (wc & 1) * 2;
+#pragma unroll
+      for (int k0 = 0; k0 < C; k0 += 16) {
+        uint32_t ah[4], al[4], bh[4], bl[4];
+        const int ao_ = at_off_sw<C>(16 * wr, k0, lane);
+        ldsm_x4_t(ah, Tpb + ao_);
+        ldsm_x4_t(al, Tpb + C * C + ao_);
+        const int bo = b_off(LDP, k0, 16 * (wc >> 1), lane);
+        ldsm_x4_t(bh, DDp + bo);
+        ldsm_x4_t(bl, DDp + CPL + bo);
+        mma_bf16(acc[0], al, bh[sel], bh[sel + 1]);
+        mma_bf16(acc[0], ah, bl[sel], bl[sel + 1]);
+        mma_bf16(acc[0], ah, bh[sel], bh[sel + 1]);
+      }
       float r0, r1;
-      frag_rowdot(acc, [&](int r, int j) { return Vs[(16 * wr + r) * LDV + 8 * wc + j]; }, r0, r1);
+      frag_rowdot(acc, [&](int r, int j) { return __bfloat162float(Vb[(16 * wr + r) * LDP + 8 * wc + j]); }, r0, r1);
       if (tq == 0) {
         dbp[wc * C + 16 * wr + gq] += r0;
         dbp[wc * C + 16 * wr + gq + 8] += r1;
@@ -206,9 +299,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   {  // QK = Q K^T (into Gs, free until the Ghat phase)
     float acc[2][4];
     zero_acc(acc);
-    warp_mma<2, DK>(acc, [&](int m, int k) { return Qs[(16 * wr + m) * LDK + k]; },
-                    [&](int k, int nn) { return Ks[(16 * wc + nn) * LDK + k]; });
-    for_frag(acc, [&](int r, int j, float& x) { Gs[(16 * wr + r) * LDC + 16 * wc + j] = x; });
+    warp_mma<2, DK, true, true>(acc, [&](int m, int k) { return Qr(16 * wr + m, k); },
+                                [&](int k, int nn) { return Kr(16 * wc + nn, k); });
+    for_frag(acc, [&](int r, int j, float& x) {
+      r += 16 * wr; j += 16 * wc;
+      Gs[r * LDC + j] = x * rsQ[r] * rsK[j];
+    });
   }
   // dgamma, direct part, formed without catastrophic cancellation:
   //   q_r . dq_state_r  +  sum_{j<r} E_rj - sum_{i>r} E_ir  (E = Pg .* QK, the diagonal cancels
@@ -216,8 +312,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   //   sum_{r<last} k_r . dk_state_r.
   {
     float rq0, rq1, rs0, rs1;
-    frag_rowdot(aQ, [&](int r, int j) { return Qs[(16 * wr + r) * LDK + 32 * wc + j]; }, rq0, rq1);
-    frag_rowdot(aKs, [&](int r, int j) { return Ks[(16 * wr + r) * LDK + 32 * wc + j]; }, rs0, rs1);
+    frag_rowdot(aQ, [&](int r, int j) { return Qn((16 * wr + r), 32 * wc + j); }, rq0, rq1);
+    frag_rowdot(aKs, [&](int r, int j) { return Kn((16 * wr + r), 32 * wc + j); }, rs0, rs1);
     if (tq == 0) {
       const int r = 16 * wr + gq;
       rp[wc * C + r] = rq0;
@@ -242,7 +338,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   }
   // dQ += Pg K (final for this value head)
   warp_mma<4, C>(aQ, [&](int m, int k) { return Pgs[(16 * wr + m) * LDC + k]; },
-                 [&](int k, int nn) { return Ks[k * LDK + 32 * wc + nn]; });
+                 [&](int k, int nn) { return Kn(k, 32 * wc + nn); });
   for_frag(aQ, [&](int r, int j, float& x) {
     r += 16 * wr;
     j += 32 * wc;
@@ -250,7 +346,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   });
   // dK_direct = dK_state + Pg^T Q
   warp_mma<4, C>(aKs, [&](int m, int k) { return Pgs[k * LDC + 16 * wr + m]; },
-                 [&](int k, int nn) { return Qs[k * LDK + 32 * wc + nn]; });
+                 [&](int k, int nn) { return Qn(k, 32 * wc + nn); });
   // dT += dW (diag(beta e^gam) K)^T, masked to strictly lower valid
   {
     float acc[2][4];
@@ -258,7 +354,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     warp_mma<2, DK>(acc, [&](int m, int k) { return dWs[(16 * wr + m) * LDK + k]; },
                     [&](int k, int nn) {
                       const int j = 16 * wc + nn;
-                      return bet[j] * expf(gam[j]) * Ks[j * LDK + k];
+                      return bet[j] * expf(gam[j]) * Kn(j, k);
                     });
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr;
@@ -273,7 +369,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     warp_mma<4, C>(acc, [&](int m, int k) { return Ts[k * LDC + 16 * wr + m]; },
                    [&](int k, int nn) { return dWs[k * LDK + 32 * wc + nn]; });
     float w0, w1;
-    frag_rowdot(acc, [&](int r, int j) { return Ks[(16 * wr + r) * LDK + 32 * wc + j]; }, w0, w1);
+    frag_rowdot(acc, [&](int r, int j) { return Kn((16 * wr + r), 32 * wc + j); }, w0, w1);
     __syncthreads();  // rp reuse
     if (tq == 0) {
       const int r = 16 * wr + gq;
@@ -341,7 +437,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   }
   __syncthreads();
   warp_mma<4, C>(aKs, [&](int m, int k) { return M1s[(16 * wr + m) * LDC + k]; },
-                 [&](int k, int nn) { return Ks[k * LDK + 32 * wc + nn]; });
+                 [&](int k, int nn) { return Kn(k, 32 * wc + nn); });
   for_frag(aKs, [&](int r, int j, float& x) {
     r += 16 * wr;
     j += 32 * wc;

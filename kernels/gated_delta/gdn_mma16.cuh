@@ -64,6 +64,12 @@ __device__ __forceinline__ int b_off(int ld, int k0, int n0, int l) {
   return (k0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + n0 + (l >> 4) * 8;
 }
 
+// B (16 x 16 = two n8 tiles) at (k0, n0) of B where B^T is stored row-major [n][k] (use ldsm_x4):
+// r[0], r[1] = tile n0; r[2], r[3] = tile n0 + 8.
+__device__ __forceinline__ int bn_off(int ld, int k0, int n0, int l) {
+  return (n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8;
+}
+
 // 128-byte-swizzled planes (rows of a multiple of 64 bf16; 16-byte chunk index XOR (row & 7)):
 // conflict-free ldmatrix without padding. Element (r, c) with c a multiple of 8:
 template <int LD>
