@@ -337,29 +337,27 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     }
   }
   // dQ += Pg K (final for this value head)
-  warp_mma<4, C>(aQ, [&](int m, int k) { return Pgs[(16 * wr + m) * LDC + k]; },
-                 [&](int k, int nn) { return Kn(k, 32 * wc + nn); });
+  // (the l2norm scale of K is folded into A so that B is the exact raw bf16 K: 2 MMAs, not 3)
+  warp_mma<4, C, false, true>(aQ, [&](int m, int k) { return Pgs[(16 * wr + m) * LDC + k] * rsK[k]; },
+                              [&](int k, int nn) { return Kr(k, 32 * wc + nn); });
   for_frag(aQ, [&](int r, int j, float& x) {
     r += 16 * wr;
     j += 32 * wc;
     if (r < L) p.dqh[((t0 + r) * p.HV + hv) * DK + j] = x;
   });
   // dK_direct = dK_state + Pg^T Q
-  warp_mma<4, C>(aKs, [&](int m, int k) { return Pgs[k * LDC + 16 * wr + m]; },
-                 [&](int k, int nn) { return Qn(k, 32 * wc + nn); });
+  warp_mma<4, C, false, true>(aKs, [&](int m, int k) { return Pgs[k * LDC + 16 * wr + m] * rsQ[k]; },
+                              [&](int k, int nn) { return Qr(k, 32 * wc + nn); });
   // dT += dW (diag(beta e^gam) K)^T, masked to strictly lower valid
   {
     float acc[2][4];
     zero_acc(acc);
-    warp_mma<2, DK>(acc, [&](int m, int k) { return dWs[(16 * wr + m) * LDK + k]; },
-                    [&](int k, int nn) {
-                      const int j = 16 * wc + nn;
-                      return bet[j] * expf(gam[j]) * Kn(j, k);
-                    });
+    warp_mma<2, DK, false, true>(acc, [&](int m, int k) { return dWs[(16 * wr + m) * LDK + k]; },
+                                 [&](int k, int nn) { return Kr(16 * wc + nn, k); });
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr;
       j += 16 * wc;
-      const float v = dTs[r * LDC + j] + x;
+      const float v = dTs[r * LDC + j] + bet[j] * expf(gam[j]) * rsK[j] * x;
       dTs[r * LDC + j] = (r > j && r < L) ? v : 0.f;
     });
   }
@@ -436,8 +434,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     M1s[r * LDC + j] = bet[r] * Gs[r * LDC + j] + bet[j] * Gs[j * LDC + r];
   }
   __syncthreads();
-  warp_mma<4, C>(aKs, [&](int m, int k) { return M1s[(16 * wr + m) * LDC + k]; },
-                 [&](int k, int nn) { return Kn(k, 32 * wc + nn); });
+  warp_mma<4, C, false, true>(aKs, [&](int m, int k) { return M1s[(16 * wr + m) * LDC + k] * rsK[k]; },
+                              [&](int k, int nn) { return Kr(k, 32 * wc + nn); });
   for_frag(aKs, [&](int r, int j, float& x) {
     r += 16 * wr;
     j += 32 * wc;
