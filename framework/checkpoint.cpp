@@ -2,7 +2,10 @@
 
 #include <qrun/sdk/error.h>
 
+#include <c10/util/Exception.h>
+
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,7 +46,89 @@ std::vector<CheckpointRef> list_checkpoints(const fs::path& root) {
   return out;
 }
 
+// Bytes under a directory (0 if it cannot be read).
+uintmax_t tree_size(const fs::path& dir) {
+  uintmax_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file(ec)) total += it->file_size(ec);
+  return total;
+}
+
+std::string mib(uintmax_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+// What the user needs to know after a failed checkpoint write: free space, the space a
+// checkpoint takes (the previous one's size), and that nothing older was touched.
+std::string space_report(const fs::path& root) {
+  std::string out;
+  struct statvfs vfs {};
+  if (::statvfs(root.c_str(), &vfs) == 0)
+    out += fmt::format("; {} free on the file system of {}", mib(static_cast<uintmax_t>(vfs.f_bavail) * vfs.f_frsize),
+                       root.string());
+  auto all = list_checkpoints(root);
+  if (!all.empty())
+    out += fmt::format("; a checkpoint needs about {} (the size of {})", mib(tree_size(all.back().dir)),
+                       all.back().dir.filename().string());
+  return out;
+}
+
 }  // namespace
+
+CheckedFile::CheckedFile(const fs::path& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  QRUN_CHECK(fd_ >= 0, "cannot create {}: {}", path.string(), std::strerror(errno));
+}
+
+CheckedFile::~CheckedFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void CheckedFile::write_all(const void* data, size_t size) noexcept {
+  if (!error_.empty() || fd_ < 0) return;
+  const char* p = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::write(fd_, p + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      // write(2) returns 0 only for a zero-length request; treat it as "no space" to never spin.
+      error_ = fmt::format("cannot write {}: {}", path_.string(), std::strerror(n < 0 ? errno : ENOSPC));
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+size_t CheckedFile::sink_write(const void* data, size_t size) noexcept {
+  write_all(data, size);
+  return size;
+}
+
+void CheckedFile::write(const void* data, size_t size) {
+  write_all(data, size);
+  if (!error_.empty()) throw UserError(error_);
+}
+
+void CheckedFile::close() {
+  if (!error_.empty()) throw UserError(error_);
+  QRUN_CHECK(fd_ >= 0, "{} is already closed", path_.string());
+  int rc = ::fsync(fd_);
+  int err = errno;
+  int fd = fd_;
+  fd_ = -1;
+  if (rc != 0) {
+    ::close(fd);
+    throw UserError(fmt::format("cannot sync {}: {}", path_.string(), std::strerror(err)));
+  }
+  QRUN_CHECK(::close(fd) == 0, "cannot close {}: {}", path_.string(), std::strerror(errno));
+}
+
+void write_file_checked(const fs::path& file, const std::string& text) {
+  CheckedFile f(file);
+  f.write(text.data(), text.size());
+  f.close();
+}
 
 fs::path write_checkpoint(const fs::path& root, int64_t step,
                           const std::function<void(const fs::path&)>& fill) {
@@ -62,15 +147,20 @@ fs::path write_checkpoint(const fs::path& root, int64_t step,
     if (fs::exists(final_dir)) fs::remove_all(final_dir);  // the same step written again
     fs::rename(tmp, final_dir);
     fsync_path(root, true);
-  } catch (Error& e) {
-    fs::remove_all(tmp, ec);
-    e.add_context(fmt::format("while writing checkpoint {} (the previous checkpoints are intact)",
-                              final_dir.string()));
-    throw;
   } catch (const std::exception& e) {
+    // Nothing of the new checkpoint stays: the partial temporary folder goes, older ones are
+    // untouched (nothing is pruned before a new checkpoint is complete).
     fs::remove_all(tmp, ec);
-    throw UserError(fmt::format("cannot write checkpoint {}: {}; the previous checkpoints are intact",
-                                final_dir.string(), e.what()));
+    const auto* qe = dynamic_cast<const Error*>(&e);
+    if (qe != nullptr && !qe->is_user_error()) throw;  // a bug stays an internal error (exit 1)
+    const auto* c10e = dynamic_cast<const c10::Error*>(&e);
+    std::string cause = c10e ? c10e->what_without_backtrace() : e.what();
+    auto prev = newest_checkpoint(root);
+    throw UserError(fmt::format(
+        "cannot write checkpoint {}: {}{}; the partial {} was removed and {}", final_dir.string(),
+        cause, space_report(root), tmp.filename().string(),
+        prev ? fmt::format("the previous checkpoint {} is intact (resume with --resume)", prev->dir.string())
+             : std::string("no earlier checkpoint exists")));
   }
   return final_dir;
 }
@@ -92,15 +182,16 @@ void prune_checkpoints(const fs::path& root, int64_t keep) {
 void write_file_atomically(const fs::path& file, const std::string& text) {
   fs::path tmp = file;
   tmp += fmt::format(".tmp-{}", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    QRUN_CHECK(out.good(), "cannot write {}", tmp.string());
-    out << text;
-    out.flush();
-    QRUN_CHECK(out.good(), "cannot write {} (disk full?)", tmp.string());
+  try {
+    write_file_checked(tmp, text);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
   }
-  fsync_path(tmp, false);
-  fs::rename(tmp, file);
+  std::error_code ec;
+  fs::rename(tmp, file, ec);
+  QRUN_CHECK(!ec, "cannot rename {} to {}: {}", tmp.string(), file.string(), ec.message());
 }
 
 }  // namespace qrun

@@ -6,6 +6,7 @@
 // none: the previous one stays intact and loadable. `state.json` is written last.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -32,5 +33,33 @@ void prune_checkpoints(const std::filesystem::path& root, int64_t keep);
 
 // Writes a small file atomically (temp file, fsync, rename).
 void write_file_atomically(const std::filesystem::path& file, const std::string& text);
+
+// A new file written with write(2) where every result is checked: a failing write, fsync or close
+// throws UserError naming the file and the errno text ("No space left on device", "File too
+// large"). sink_write() is for writers that call back through C code and cannot take a failure
+// (LibTorch's zip writer aborts the process when its write callback comes up short: its
+// destructor re-checks the file position): it always reports the bytes as taken, remembers the
+// first failure and drops everything after it; close() then throws that failure.
+class CheckedFile {
+ public:
+  explicit CheckedFile(const std::filesystem::path& path);
+  ~CheckedFile();
+  CheckedFile(const CheckedFile&) = delete;
+  CheckedFile& operator=(const CheckedFile&) = delete;
+  void write(const void* data, size_t size);
+  size_t sink_write(const void* data, size_t size) noexcept;
+  // fsync + close; throws on failure (also when an earlier sink_write failed).
+  void close();
+  const std::string& error() const { return error_; }
+
+ private:
+  void write_all(const void* data, size_t size) noexcept;
+  std::filesystem::path path_;
+  int fd_ = -1;
+  std::string error_;
+};
+
+// A whole file through CheckedFile (written, fsync'd, closed).
+void write_file_checked(const std::filesystem::path& file, const std::string& text);
 
 }  // namespace qrun

@@ -151,6 +151,13 @@ const SectionSpec& recipe_layout() {
                    Field::integer("log_every", 1).min(1).doc("log a line every N steps"),
                    Field::number("peak_tflops", 0.0).min(0).doc(
                        "peak FLOP/s of one device for MFU, in TFLOP/s; 0 = known GPUs only"),
+                   Field::integer("eval_every", 0).min(0).doc(
+                       "evaluate on data.eval_dataset (else data.dataset) every N steps and at "
+                       "the end; 0 = never"),
+                   Field::integer("eval_batches", 0).min(0).doc(
+                       "batches per evaluation; 0 = all of the evaluation data"),
+                   Field::boolean("tensorboard", true).doc(
+                       "write TensorBoard event files (events.out.tfevents.*) to run.dir"),
                }),
           host("precision", "dtypes of parameters and activations",
                Schema{

@@ -5,6 +5,7 @@
 // collator and reports its statistics (useful to size tokens_per_batch).
 #include "run.h"
 
+#include "checkpoint.h"
 #include "components.h"
 #include "trainer.h"
 
@@ -20,19 +21,6 @@ namespace fs = std::filesystem;
 
 namespace qrun {
 namespace {
-
-void write_atomically(const fs::path& file, const std::string& text) {
-  fs::path tmp = file;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    QRUN_CHECK(out.good(), "cannot write {}", tmp.string());
-    out << text;
-    out.flush();
-    QRUN_CHECK(out.good(), "cannot write {} (disk full?)", tmp.string());
-  }
-  fs::rename(tmp, file);
-}
 
 void run_data(const Recipe& r, const Registry& reg) {
   auto tokenizer = make_component<Tokenizer>(r, reg, "data.tokenizer");
@@ -65,7 +53,7 @@ int run_recipe(const Recipe& r, const Registry& reg, bool resume) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   QRUN_CHECK(!ec, "cannot create run directory {}: {}", dir.string(), ec.message());
-  write_atomically(dir / "recipe.resolved.yaml", r.resolved_yaml());
+  write_file_atomically(dir / "recipe.resolved.yaml", r.resolved_yaml());
   log_info("run '{}': resolved recipe written to {}", r.section("run").get_string("name"),
            (dir / "recipe.resolved.yaml").string());
   if (r.component("model") != nullptr) return train(r, reg, resume);

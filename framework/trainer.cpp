@@ -5,18 +5,23 @@
 //      so N micro-batches give exactly the gradient of one batch of the same samples;
 //   3. global gradient norm, clipping, a NaN/Inf guard;
 //   4. AdamW with the scheduled learning rate;
-//   5. metrics, progress, and a checkpoint when due (or when SIGINT/SIGTERM asked to stop).
+//   5. metrics (metrics.jsonl and TensorBoard), progress, evaluation and a checkpoint when due
+//      (or when SIGINT/SIGTERM asked to stop).
+// A CUDA out-of-memory error in a step ends the run with the step, the batch size and hints; the
+// last checkpoint stays as it was.
 #include "trainer.h"
 
 #include "checkpoint.h"
 #include "components.h"
 #include "optimizer.h"
+#include "tensorboard.h"
 
 #include <qrun/sdk/data.h>
 #include <qrun/sdk/kernels.h>
 #include <qrun/sdk/model.h>
 #include <qrun/sdk/run.h>
 
+#include <ATen/DeviceAccelerator.h>
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -75,10 +80,23 @@ double peak_flops(const Config& train, const c10::Device& device) {
   return 0;
 }
 
+// The process's peak resident set size so far (Linux reports ru_maxrss in KiB).
 int64_t peak_rss_mib() {
   struct rusage u {};
   ::getrusage(RUSAGE_SELF, &u);
   return u.ru_maxrss / 1024;
+}
+
+// Peak device memory of the step through the caching allocator's statistics (the
+// device-generic face of c10::cuda::CUDACachingAllocator, so CPU-only builds link too).
+void reset_peak_device_memory(const c10::Device& d) {
+  if (d.is_cuda()) at::accelerator::resetPeakStats(d.index());
+}
+std::pair<double, double> peak_device_memory_mib(const c10::Device& d) {
+  auto stats = at::accelerator::getDeviceStats(d.index());
+  constexpr auto kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return {static_cast<double>(stats.allocated_bytes[kAll].peak) / (1 << 20),
+          static_cast<double>(stats.reserved_bytes[kAll].peak) / (1 << 20)};
 }
 
 std::string json_escape(const std::string& s) {
@@ -90,6 +108,48 @@ std::string json_escape(const std::string& s) {
   }
   return o;
 }
+
+// One line of metrics.jsonl: fields in order, each already rendered as JSON. The same numbers go
+// to TensorBoard (parsed back from the text, so both carry exactly the same values).
+class MetricLine {
+ public:
+  explicit MetricLine(int64_t step) : step_(step) {}
+  int64_t step() const { return step_; }
+  void add(const std::string& key, double v, const char* spec = "{}") {
+    fields_.emplace_back(key, std::isfinite(v) ? fmt::format(fmt::runtime(spec), v) : "null");
+  }
+  void add_int(const std::string& key, int64_t v) { fields_.emplace_back(key, std::to_string(v)); }
+  std::string json() const {
+    std::string out = fmt::format("{{\"step\": {}", step_);
+    for (const auto& [k, v] : fields_) out += fmt::format(", \"{}\": {}", json_escape(k), v);
+    return out + "}\n";
+  }
+  // TensorBoard scalars "<prefix><key>" for every field with a value.
+  std::vector<std::pair<std::string, double>> scalars(const std::string& prefix) const {
+    std::vector<std::pair<std::string, double>> out;
+    for (const auto& [k, v] : fields_)
+      if (v != "null") out.emplace_back(prefix + k, std::stod(v));
+    return out;
+  }
+
+ private:
+  int64_t step_;
+  std::vector<std::pair<std::string, std::string>> fields_;
+};
+
+// Where the per-step metrics go: metrics.jsonl always, TensorBoard when the recipe says so.
+struct MetricSinks {
+  std::ofstream jsonl;
+  fs::path jsonl_path;
+  std::unique_ptr<TensorBoardWriter> tensorboard;
+
+  void write(const MetricLine& line, const std::string& tb_prefix) {
+    jsonl << line.json();
+    jsonl.flush();
+    QRUN_CHECK(jsonl.good(), "cannot write {} (disk full?)", jsonl_path.string());
+    if (tensorboard) tensorboard->add_scalars(line.step(), line.scalars(tb_prefix));
+  }
+};
 
 // Everything the loop needs, built from the recipe in dependency order.
 struct Run {
@@ -143,7 +203,44 @@ struct Run {
     return DataContext{tokenizer.get(), chat.get(),
                        static_cast<uint64_t>(recipe.section("run").get_int("seed"))};
   }
+
+  // The evaluation data: data.eval_dataset, else the training data (as `qrun eval`).
+  const char* eval_path() const {
+    return recipe.component("data.eval_dataset") ? "data.eval_dataset" : "data.dataset";
+  }
 };
+
+struct EvalResult {
+  double loss = 0;
+  int64_t loss_tokens = 0, samples = 0, batches = 0;
+  double seconds = 0;
+};
+
+// Mean loss over the evaluation data (at most `max_batches` batches; 0 = all) without gradients.
+// Uses its own dataset stream and collator, so the training data's position is untouched.
+EvalResult run_eval(Run& run, int64_t max_batches) {
+  auto t0 = std::chrono::steady_clock::now();
+  at::NoGradGuard no_grad;
+  const char* path = run.eval_path();
+  auto ds = make_component<Dataset>(run.recipe, run.registry, path);
+  auto collator = make_component<Collator>(run.recipe, run.registry, "data.collator");
+  auto stream = ds->open(run.data_context(), 0, "");
+  double loss_sum = 0;
+  EvalResult r;
+  while (max_batches == 0 || r.batches < max_batches) {
+    auto b = collator->next(*stream);
+    if (!b) break;
+    ModelOutput out = run.model->forward(b->to(run.device));
+    loss_sum += out.loss_sum.item<double>();
+    r.loss_tokens += out.loss_tokens;
+    r.samples += b->num_seqs();
+    r.batches++;
+  }
+  QRUN_CHECK(r.loss_tokens > 0, "{}: the evaluation data has no loss tokens", path);
+  r.loss = loss_sum / r.loss_tokens;
+  r.seconds = seconds_since(t0);
+  return r;
+}
 
 struct TrainState {
   int64_t step = 0;
@@ -159,7 +256,8 @@ std::string state_json(const TrainState& s) {
       s.step, s.epoch, s.tokens_seen, json_escape(s.cursor), json_escape(s.collator_state));
 }
 
-void save_checkpoint(Run& run, AdamW& opt, const TrainState& st, const fs::path& root, int64_t keep) {
+CheckpointRef save_checkpoint(Run& run, AdamW& opt, const TrainState& st, const fs::path& root,
+                              int64_t keep) {
   auto t0 = std::chrono::steady_clock::now();
   fs::path dir = write_checkpoint(root, st.step, [&](const fs::path& tmp) {
     fs::create_directories(tmp / "model");
@@ -168,12 +266,17 @@ void save_checkpoint(Run& run, AdamW& opt, const TrainState& st, const fs::path&
     for (const auto& [name, p] : run.model->named_parameters()) ar.write("param." + name, p.detach());
     opt.save(ar);
     ar.write("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
-    ar.save_to((tmp / "trainer.pt").string());
-    std::ofstream(tmp / "recipe.resolved.yaml") << run.recipe.resolved_yaml();
-    std::ofstream(tmp / "state.json") << state_json(st);  // last: marks the files complete
+    // LibTorch's zip writer streams through our checked writer (see CheckedFile::sink_write): a
+    // full disk is reported with its errno text, and the process does not abort.
+    CheckedFile out(tmp / "trainer.pt");
+    ar.save_to([&out](const void* data, size_t n) { return out.sink_write(data, n); });
+    out.close();
+    write_file_checked(tmp / "recipe.resolved.yaml", run.recipe.resolved_yaml());
+    write_file_checked(tmp / "state.json", state_json(st));  // last: marks the files complete
   });
   prune_checkpoints(root, keep);
   log_info("checkpoint: step {} saved to {} in {:.1f}s", st.step, dir.string(), seconds_since(t0));
+  return CheckpointRef{dir, st.step};
 }
 
 // Minimal JSON field extraction for our own state.json (written above, so the format is fixed).
@@ -249,6 +352,33 @@ int64_t steps_per_epoch(Run& run, int64_t grad_accum) {
   return (batches + grad_accum - 1) / grad_accum;
 }
 
+// The hints of a CUDA out-of-memory error, naming the recipe's own settings where it has them.
+std::string oom_hints(const Recipe& r) {
+  std::vector<std::string> hints;
+  const ComponentSpec* coll = r.component("data.collator");
+  if (coll && coll->config.has("tokens_per_batch"))
+    hints.push_back(fmt::format("lower data.collator.tokens_per_batch (now {}; {}) and raise "
+                                "train.grad_accum to keep the batch",
+                                coll->config.get_int("tokens_per_batch"),
+                                coll->config.location("tokens_per_batch")));
+  else
+    hints.push_back("make the batches smaller (data.collator) and raise train.grad_accum");
+  const ComponentSpec* model = r.component("model");
+  if (model && model->config.has("activation_checkpointing"))
+    hints.push_back(fmt::format("turn on activation checkpointing (model.activation_checkpointing: "
+                                "full; now {})",
+                                format_value(model->config.values().at("activation_checkpointing"))));
+  else
+    hints.push_back("turn on activation checkpointing if the model has it");
+  if (r.section("precision").get_string("param") != "bf16" ||
+      r.section("precision").get_string("compute") != "bf16")
+    hints.push_back("use bf16 (precision.param: bf16, precision.compute: bf16, with "
+                    "precision.master_weights: true)");
+  std::string out;
+  for (const auto& h : hints) out += "\n  - " + h;
+  return out;
+}
+
 }  // namespace
 
 int train(const Recipe& r, const Registry& reg, bool resume) {
@@ -262,6 +392,8 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
   const double clip = train.get_float("clip_grad_norm");
   const bool skip_nonfinite = train.get_string("on_nonfinite") == "skip";
   const int64_t log_every = train.get_int("log_every");
+  const int64_t eval_every = train.get_int("eval_every");
+  const int64_t eval_batches = train.get_int("eval_batches");
   const fs::path ckpt_root = ckc.has("dir") ? fs::path(ckc.get_string("dir")) : run.run_dir / "checkpoints";
   const int64_t every = ckc.get_int("every_steps"), keep = ckc.get_int("keep");
   resume = resume || ckc.get_string("resume") == "auto";
@@ -294,9 +426,11 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
   }
 
   TrainState st;
+  std::optional<CheckpointRef> last_ckpt;
   if (resume) {
     if (auto ck = newest_checkpoint(ckpt_root)) {
       st = load_checkpoint(run, opt, *ck);
+      last_ckpt = ck;
       log_info("resumed from {} (step {}, epoch {})", ck->dir.string(), st.step, st.epoch);
     } else {
       log_info("resume: no checkpoint under {}, starting fresh", ckpt_root.string());
@@ -305,16 +439,37 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
 
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
-  std::ofstream metrics(run.run_dir / "metrics.jsonl", std::ios::app);
-  QRUN_CHECK(metrics.good(), "cannot write {}", (run.run_dir / "metrics.jsonl").string());
+  MetricSinks sinks;
+  sinks.jsonl_path = run.run_dir / "metrics.jsonl";
+  sinks.jsonl.open(sinks.jsonl_path, std::ios::app);
+  QRUN_CHECK(sinks.jsonl.good(), "cannot write {}", sinks.jsonl_path.string());
+  if (train.get_bool("tensorboard")) {
+    sinks.tensorboard = std::make_unique<TensorBoardWriter>(run.run_dir);
+    log_info("tensorboard: events in {} (tensorboard --logdir {})", sinks.tensorboard->path().string(),
+             run.run_dir.string());
+  }
   const double peak = peak_flops(train, run.device);
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   for (auto& p : run.profilers) p->on_run_start(run.run_dir.string());
+
+  auto evaluate_now = [&]() {
+    EvalResult e = run_eval(run, eval_batches);
+    MetricLine line(st.step);
+    line.add("eval_loss", e.loss, "{:.6f}");
+    line.add("eval_perplexity", std::exp(e.loss), "{:.4f}");
+    line.add_int("eval_loss_tokens", e.loss_tokens);
+    line.add("eval_time_s", e.seconds, "{:.3f}");
+    sinks.write(line, "eval/");
+    if (tty) std::fprintf(stderr, "\n");
+    log_info("eval at step {}: loss {:.4f}, perplexity {:.2f} ({} loss tokens of {}, {:.1f}s)", st.step,
+             e.loss, std::exp(e.loss), e.loss_tokens, run.eval_path(), e.seconds);
+  };
 
   auto stream = run.dataset->open(run.data_context(), st.epoch, st.cursor);
   run.collator->restore(st.collator_state.empty() ? "{}" : st.collator_state);
   auto t_start = std::chrono::steady_clock::now();
   int64_t start_step = st.step;
+  int64_t last_eval_step = -1;
   double last_loss = std::nan("");
   bool stopped = false;
   int64_t empty_batches = 0;
@@ -339,6 +494,7 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
     }
     if (micro.empty()) break;
     auto t0 = std::chrono::steady_clock::now();
+    reset_peak_device_memory(run.device);
     for (auto& p : run.profilers) p->on_step_begin(st.step);
     int64_t loss_tokens = 0, real = 0, pad = 0;
     std::vector<int64_t> seq_lens, sample_ids;
@@ -349,29 +505,53 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
       for (int64_t i = 0; i < b.num_seqs(); ++i) seq_lens.push_back(b.seq.seq_len(i));
       sample_ids.insert(sample_ids.end(), b.sample_ids.begin(), b.sample_ids.end());
     }
-    // 2. forward + backward
-    double loss_sum = 0;
-    if (loss_tokens > 0) {
-      for (const auto& b : micro) {
-        ModelOutput out = run.model->forward(b.to(run.device));
-        (out.loss_sum / static_cast<double>(loss_tokens)).backward();
-        loss_sum += out.loss_sum.detach().item<double>();
+    double loss = std::nan(""), gnorm = 0, lr = 0;
+    bool finite = true;
+    try {
+      // 2. forward + backward
+      double loss_sum = 0;
+      if (loss_tokens > 0) {
+        for (const auto& b : micro) {
+          ModelOutput out = run.model->forward(b.to(run.device));
+          (out.loss_sum / static_cast<double>(loss_tokens)).backward();
+          loss_sum += out.loss_sum.detach().item<double>();
+        }
       }
+      loss = loss_tokens > 0 ? loss_sum / loss_tokens : std::nan("");
+      // 3. gradient norm, clipping, guard
+      std::vector<at::Tensor> grads;
+      for (auto& [n, p] : trainable)
+        if (p.grad().defined()) grads.push_back(p.grad());
+      if (!grads.empty()) {
+        std::vector<at::Tensor> norms;
+        for (auto& g : grads) norms.push_back(g.detach().to(at::kFloat).norm());
+        gnorm = at::stack(norms).norm().item<double>();
+        if (clip > 0 && gnorm > clip)
+          for (auto& g : grads) g.mul_(clip / (gnorm + 1e-6));
+      }
+      finite = std::isfinite(gnorm) && (loss_tokens == 0 || std::isfinite(loss));
+      // 4. the update
+      if (finite) {
+        lr = schedule_lr(kind, ao.lr, st.step, sched.get_int("warmup_steps"), total_steps,
+                         sched.get_float("min_lr_ratio"));
+        if (loss_tokens > 0) opt.step(lr);
+        opt.zero_grad();
+        if (run.device.is_cuda()) torch::cuda::synchronize();
+      }
+    } catch (const c10::OutOfMemoryError& e) {
+      if (tty) std::fprintf(stderr, "\n");
+      throw UserError(fmt::format(
+          "step {}: out of memory on {} with {} tokens in the batch ({} real + {} padding, {} "
+          "micro-batch{}, {} sequences, longest {}): {}\nTry:{}\n{}",
+          st.step + 1, run.device.str(), real + pad, real, pad, micro.size(),
+          micro.size() == 1 ? "" : "es", seq_lens.size(),
+          seq_lens.empty() ? 0 : *std::max_element(seq_lens.begin(), seq_lens.end()),
+          e.what_without_backtrace(), oom_hints(r),
+          last_ckpt ? fmt::format("The last checkpoint, {} (step {}), is intact: rerun with --resume "
+                                  "to continue from it.",
+                                  last_ckpt->dir.string(), last_ckpt->step)
+                    : std::string("No checkpoint was written yet.")));
     }
-    double loss = loss_tokens > 0 ? loss_sum / loss_tokens : std::nan("");
-    // 3. gradient norm, clipping, guard
-    std::vector<at::Tensor> grads;
-    for (auto& [n, p] : trainable)
-      if (p.grad().defined()) grads.push_back(p.grad());
-    double gnorm = 0;
-    if (!grads.empty()) {
-      std::vector<at::Tensor> norms;
-      for (auto& g : grads) norms.push_back(g.detach().to(at::kFloat).norm());
-      gnorm = at::stack(norms).norm().item<double>();
-      if (clip > 0 && gnorm > clip)
-        for (auto& g : grads) g.mul_(clip / (gnorm + 1e-6));
-    }
-    bool finite = std::isfinite(gnorm) && (loss_tokens == 0 || std::isfinite(loss));
     if (!finite) {
       std::string ids = fmt::format("{}", fmt::join(sample_ids, ", "));
       if (!skip_nonfinite)
@@ -384,41 +564,51 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
       opt.zero_grad();
       continue;
     }
-    // 4. the update
-    double lr = schedule_lr(kind, ao.lr, st.step, sched.get_int("warmup_steps"), total_steps,
-                            sched.get_float("min_lr_ratio"));
-    if (loss_tokens > 0) opt.step(lr);
-    opt.zero_grad();
-    if (run.device.is_cuda()) torch::cuda::synchronize();
     st.step++;
     st.cursor = stream->cursor();
     st.collator_state = run.collator->state();
     st.tokens_seen += real;
     last_loss = loss;
-    // 5. metrics, progress, checkpoints
+    // 5. metrics, progress, evaluation, checkpoints
     double dt = seconds_since(t0);
     double tps = real / std::max(dt, 1e-9);
     double flops = run.model->train_flops_per_token(seq_lens);
     double mfu = peak > 0 ? tps * flops / peak : std::nan("");
-    metrics << fmt::format(
-        "{{\"step\": {}, \"epoch\": {}, \"loss\": {}, \"lr\": {}, \"grad_norm\": {}, "
-        "\"real_tokens\": {}, \"padding_tokens\": {}, \"loss_tokens\": {}, \"tokens_per_s\": {:.1f}, "
-        "\"mfu\": {}, \"step_time_s\": {:.4f}, \"peak_rss_mib\": {}}}\n",
-        st.step, st.epoch, std::isfinite(loss) ? fmt::format("{:.6f}", loss) : "null", lr, gnorm,
-        real, pad, loss_tokens, tps, std::isfinite(mfu) ? fmt::format("{:.4f}", mfu) : "null", dt,
-        peak_rss_mib());
-    metrics.flush();
     StepRecord rec{st.step, dt, real, pad, loss_tokens, loss};
     for (auto& p : run.profilers) p->on_step_end(rec);
+    MetricLine line(st.step);
+    line.add_int("epoch", st.epoch);
+    line.add("loss", loss, "{:.6f}");
+    line.add("lr", lr);
+    line.add("grad_norm", gnorm);
+    line.add_int("real_tokens", real);
+    line.add_int("padding_tokens", pad);
+    line.add_int("loss_tokens", loss_tokens);
+    line.add("tokens_per_s", tps, "{:.1f}");
+    line.add("mfu", mfu, "{:.4f}");
+    line.add("step_time_s", dt, "{:.4f}");
+    line.add_int("peak_rss_mib", peak_rss_mib());
+    if (run.device.is_cuda()) {
+      auto [alloc, reserved] = peak_device_memory_mib(run.device);
+      line.add("peak_gpu_allocated_mib", alloc, "{:.1f}");
+      line.add("peak_gpu_reserved_mib", reserved, "{:.1f}");
+    }
+    for (auto& p : run.profilers)
+      for (const auto& [name, value] : p->step_metrics()) line.add(name, value, "{:.6g}");
+    sinks.write(line, "train/");
     double elapsed = seconds_since(t_start);
     double eta = elapsed / static_cast<double>(st.step - start_step) * (total_steps - st.step);
-    std::string line = fmt::format("step {}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | ETA {}",
-                                   st.step, total_steps, st.epoch + 1, loss, lr, tps, human_duration(eta));
+    std::string progress = fmt::format("step {}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | ETA {}",
+                                       st.step, total_steps, st.epoch + 1, loss, lr, tps, human_duration(eta));
     if (tty) {
-      std::fprintf(stderr, "\r%-100s", line.c_str());
+      std::fprintf(stderr, "\r%-100s", progress.c_str());
       if (st.step == total_steps) std::fprintf(stderr, "\n");
     } else if (st.step % log_every == 0 || st.step == total_steps) {
-      log_info("{}", line);
+      log_info("{}", progress);
+    }
+    if (eval_every > 0 && st.step % eval_every == 0) {
+      evaluate_now();
+      last_eval_step = st.step;
     }
     if (g_stop_signal.load() != 0) {
       if (tty) std::fprintf(stderr, "\n");
@@ -427,9 +617,10 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
       break;
     }
     if (every > 0 && st.step % every == 0 && st.step < total_steps)
-      save_checkpoint(run, opt, st, ckpt_root, keep);
+      last_ckpt = save_checkpoint(run, opt, st, ckpt_root, keep);
   }
-  save_checkpoint(run, opt, st, ckpt_root, keep);
+  if (eval_every > 0 && !stopped && last_eval_step != st.step) evaluate_now();
+  last_ckpt = save_checkpoint(run, opt, st, ckpt_root, keep);
   for (auto& p : run.profilers) p->on_run_end();
   if (empty_batches > 0)
     log_info("{} batches had no loss tokens (nothing to train on) and were skipped", empty_batches);
@@ -437,28 +628,16 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
   log_info("{}: {} steps in {}, {:.0f} tokens, {:.0f} tokens/s, last loss {:.4f}; metrics in {}",
            stopped ? "stopped" : "done", st.step - start_step, human_duration(secs),
            st.tokens_seen, st.tokens_seen / std::max(secs, 1e-9), last_loss,
-           (run.run_dir / "metrics.jsonl").string());
+           sinks.jsonl_path.string());
   return 0;
 }
 
 int evaluate(const Recipe& r, const Registry& reg) {
   Run run(r, reg);
-  at::NoGradGuard no_grad;
-  const char* path = r.component("data.eval_dataset") ? "data.eval_dataset" : "data.dataset";
-  auto ds = make_component<Dataset>(r, reg, path);
-  auto stream = ds->open(run.data_context(), 0, "");
-  double loss_sum = 0;
-  int64_t tokens = 0, samples = 0;
-  while (auto b = run.collator->next(*stream)) {
-    ModelOutput out = run.model->forward(b->to(run.device));
-    loss_sum += out.loss_sum.item<double>();
-    tokens += out.loss_tokens;
-    samples += b->num_seqs();
-  }
-  QRUN_CHECK(tokens > 0, "{}: the evaluation data has no loss tokens", path);
-  double loss = loss_sum / tokens;
+  EvalResult e = run_eval(run, 0);
   std::printf("{\"dataset\": \"%s\", \"samples\": %lld, \"loss_tokens\": %lld, \"loss\": %.6f, \"perplexity\": %.4f}\n",
-              path, static_cast<long long>(samples), static_cast<long long>(tokens), loss, std::exp(loss));
+              run.eval_path(), static_cast<long long>(e.samples), static_cast<long long>(e.loss_tokens),
+              e.loss, std::exp(e.loss));
   return 0;
 }
 

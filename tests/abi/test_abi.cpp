@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <qrun/sdk/plugin.h>
 #include <torch/version.h>
 
 #include <string>
@@ -39,7 +40,8 @@ void expect_rejected(const std::string& name, const std::string& reason) {
 
 TEST(Abi, WrongAbiVersion) {
   expect_rejected("broken-abi",
-                  "built for qrun plugin ABI 999, but this qrun has ABI 1; rebuild the plugin "
+                  "built for qrun plugin ABI 999, but this qrun has ABI " +
+                      std::to_string(QRUN_ABI_VERSION) + "; rebuild the plugin "
                   "against this qrun's SDK (find_package(qrun) from " HOST_INSTALL_PREFIX ")");
 }
 

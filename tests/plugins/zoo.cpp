@@ -227,7 +227,8 @@ class ZooProfiler : public qrun::Profiler {
 // A tiny real model for trainer tests: logits = tanh(E[ids]) W^T, loss shifted inside samples.
 class ZooBigram : public qrun::Model {
  public:
-  explicit ZooBigram(const qrun::Config& c) : hidden_(c.get_int("hidden")) {}
+  explicit ZooBigram(const qrun::Config& c)
+      : hidden_(c.get_int("hidden")), oom_at_forward_(c.get_int("oom_at_forward")) {}
 
   void build(const qrun::ModelKernels&, const qrun::ModelPlacement& p) override {
     auto opt = at::TensorOptions().dtype(p.param_dtype).device(p.device);
@@ -237,6 +238,10 @@ class ZooBigram : public qrun::Model {
   }
 
   qrun::ModelOutput forward(const qrun::Batch& b, bool return_logits) override {
+    // Test knob: the out-of-memory error the CUDA caching allocator throws, on CPU.
+    if (++forward_calls_ == oom_at_forward_)
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 20.00 GiB "
+                       "(zoo-bigram oom_at_forward test knob)");
     at::Tensor ids = b.input_ids.reshape({-1});
     at::Tensor labels = b.labels.reshape({-1});
     at::Tensor seq = b.seq.seq_idx.reshape({-1});
@@ -282,12 +287,17 @@ class ZooBigram : public qrun::Model {
 
  private:
   int64_t hidden_;
+  int64_t oom_at_forward_;
+  int64_t forward_calls_ = 0;
   at::Tensor embed_, head_;
 };
 
 void register_zoo(qrun::Registrar& r) {
   r.add<qrun::Model>("zoo-bigram", "a tiny byte-level model for trainer tests",
-                     qrun::Schema{qrun::Field::integer("hidden", 16).min(1).max(4096).doc("embedding width")},
+                     qrun::Schema{qrun::Field::integer("hidden", 16).min(1).max(4096).doc("embedding width"),
+                                  qrun::Field::integer("oom_at_forward", 0).min(0).doc(
+                                      "throw c10::OutOfMemoryError on this forward call "
+                                      "(1-based; tests; 0 = never)")},
                      [](const qrun::Config& c) { return std::make_unique<ZooBigram>(c); });
   using qrun::Field;
   r.add<qrun::Tokenizer>("zoo-bytes", "UTF-8 bytes as token ids (tests)", qrun::Schema{},

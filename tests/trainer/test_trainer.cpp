@@ -1,11 +1,16 @@
 // tests/trainer - the training loop's promises (framework/trainer.h), on the test-zoo model:
-// exact resume, gradient accumulation, atomic checkpoints under kill -9, SIGINT, the NaN guard.
+// exact resume, gradient accumulation, atomic checkpoints under kill -9, SIGINT, the NaN guard,
+// TensorBoard events (read back by tensorboard itself), evaluation every N steps, CUDA
+// out-of-memory reporting (a test knob of zoo-bigram) and a full disk while checkpointing
+// (RLIMIT_FSIZE on the real write path).
 #include "support/run_process.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <cmath>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -143,6 +148,126 @@ TEST(Trainer, EvalPrintsLossAndPerplexityAsJson) {
   EXPECT_TRUE(std::regex_search(r.out, std::regex(
       R"(^\{"dataset": "data.dataset", "samples": 120, "loss_tokens": [0-9]+, "loss": [0-9.]+, "perplexity": [0-9.]+\}\n$)")))
       << r.out;
+}
+
+// Eval lines of metrics.jsonl: step -> (eval_loss, eval_loss_tokens).
+std::map<int, std::pair<double, long>> eval_lines(const fs::path& metrics) {
+  std::map<int, std::pair<double, long>> out;
+  std::istringstream in(slurp(metrics.string()));
+  std::string line;
+  static const std::regex re(
+      R"(^\{"step": ([0-9]+), "eval_loss": ([0-9.]+), "eval_perplexity": ([0-9.]+), "eval_loss_tokens": ([0-9]+), "eval_time_s": [0-9.]+\}$)");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (line.find("eval_") == std::string::npos) continue;
+    EXPECT_TRUE(std::regex_match(line, m, re)) << line;
+    if (m.empty()) continue;
+    double loss = std::stod(m[2]), ppl = std::stod(m[3]);
+    EXPECT_NEAR(ppl, std::exp(loss), 1e-3 * ppl) << line;
+    out[std::stoi(m[1])] = {loss, std::stol(m[4])};
+  }
+  return out;
+}
+
+const std::string kEvalData = " --set data.eval_dataset.plugin=zoo-dataset --set data.eval_dataset.count=30";
+
+TEST(Trainer, EvaluatesEveryNStepsAndAtTheEnd) {
+  fs::path d = fresh_dir("eval-every");
+  // lr 0: the model never changes, so every evaluation must equal `qrun eval` of the fresh model.
+  std::string common = kEvalData + " --set optimizer.lr=0 --set checkpoint.every_steps=0";
+  auto ref = qrun(d, "eval " + recipe() + common);
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(ref.out, m, std::regex(R"("dataset": "data.eval_dataset", "samples": 30, "loss_tokens": ([0-9]+), "loss": ([0-9.]+))")))
+      << ref.out;
+  long ref_tokens = std::stol(m[1]);
+  double ref_loss = std::stod(m[2]);
+
+  auto r = qrun(d, recipe() + " --set run.dir=out --set train.eval_every=5" + common);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto evals = eval_lines(d / "out" / "metrics.jsonl");
+  ASSERT_EQ(evals.size(), 3u) << slurp((d / "out" / "metrics.jsonl").string());
+  for (int step : {5, 10, 12}) {
+    ASSERT_EQ(evals.count(step), 1u) << "no evaluation at step " << step;
+    EXPECT_NEAR(evals[step].first, ref_loss, 2e-6) << "step " << step;
+    EXPECT_EQ(evals[step].second, ref_tokens) << "step " << step;
+  }
+  EXPECT_NE(r.err.find("eval at step 5: loss "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("loss tokens of data.eval_dataset"), std::string::npos) << r.err;
+
+  // A real run: the evaluation follows the model (the loss changes), and eval_batches caps it.
+  auto t = qrun(d, recipe() + " --set run.dir=trained --set train.eval_every=6 --set train.eval_batches=2" +
+                       kEvalData + " --set checkpoint.every_steps=0");
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  auto te = eval_lines(d / "trained" / "metrics.jsonl");
+  ASSERT_EQ(te.size(), 2u);  // steps 6 and 12 (the end is step 12: not evaluated twice)
+  EXPECT_NE(te[6].first, te[12].first);
+  EXPECT_LT(te[6].second, ref_tokens);
+  EXPECT_EQ(te[6].second, te[12].second);
+}
+
+TEST(Trainer, TensorBoardEventsHoldTheMetrics) {
+  if (std::string(PYTHON).empty()) GTEST_SKIP() << "no QRUN_PYTHON configured: tensorboard's reader is not available";
+  fs::path d = fresh_dir("tensorboard");
+  auto r = qrun(d, recipe() + " --set run.dir=out --set train.eval_every=4" + kEvalData);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("tensorboard: events in out/events.out.tfevents."), std::string::npos) << r.err;
+  // Read back with tensorboard's EventAccumulator: same tags, steps and values as metrics.jsonl.
+  auto check = run_process(std::string(PYTHON) + " " + SRC_DIR + "/check_tensorboard.py out --expect-eval", "",
+                           d.string());
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  // 10 step series (mfu is null on CPU) x 12 steps + 4 eval series x 3 evaluations (4, 8, 12).
+  EXPECT_NE(check.out.find("tensorboard: 14 tags, 132 points equal metrics.jsonl"), std::string::npos) << check.out;
+
+  auto off = qrun(d, recipe() + " --set run.dir=off --set train.tensorboard=false");
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  for (const auto& e : fs::directory_iterator(d / "off"))
+    EXPECT_EQ(e.path().filename().string().find("events.out.tfevents"), std::string::npos) << e.path();
+}
+
+TEST(Trainer, OutOfMemoryEndsWithStepBatchAndHints) {
+  fs::path d = fresh_dir("oom");
+  // grad_accum 2: forward call 7 is the first micro-batch of step 4; a checkpoint every step.
+  auto r = qrun(d, recipe() + " --set run.dir=out --set model.oom_at_forward=7 --set checkpoint.every_steps=1");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(
+      R"(qrun: step 4: out of memory on cpu with [0-9]+ tokens in the batch \([0-9]+ real \+ 0 padding, 2 micro-batches, [0-9]+ sequences, longest [0-9]+\): CUDA out of memory\. Tried to allocate 20\.00 GiB)")))
+      << r.err;
+  EXPECT_NE(r.err.find("lower data.collator.tokens_per_batch (now 96; "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("activation checkpointing"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("use bf16 (precision.param: bf16"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("The last checkpoint, out/checkpoints/step-00000003 (step 3), is intact"), std::string::npos)
+      << r.err;
+  EXPECT_TRUE(fs::exists(d / "out" / "checkpoints" / "step-00000003" / "state.json"));
+  EXPECT_FALSE(fs::exists(d / "out" / "checkpoints" / "step-00000004"));
+  // Nothing was broken: the run resumes from step 3.
+  auto again = qrun(d, recipe() + " --set run.dir=out --set checkpoint.every_steps=1 --resume");
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.err.find("resumed from out/checkpoints/step-00000003 (step 3,"), std::string::npos) << again.err;
+}
+
+TEST(Trainer, FullDiskWhileCheckpointingKeepsThePreviousCheckpoint) {
+  fs::path d = fresh_dir("fulldisk");
+  auto first = qrun(d, recipe() + " --set run.dir=out --set train.max_steps=5 --set checkpoint.every_steps=0");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_TRUE(fs::exists(d / "out" / "checkpoints" / "step-00000005" / "state.json"));
+  // RLIMIT_FSIZE of 100 KiB with SIGXFSZ ignored: write(2) fails with EFBIG once a file would
+  // pass it. The model file (~50 KB) fits, trainer.pt (~150 KB) does not: the failure happens in
+  // the middle of the real checkpoint write.
+  auto full = run_process("bash -c \"ulimit -f 100; trap '' XFSZ; exec " + std::string(QRUN_BIN) + " " + recipe() +
+                              " --set run.dir=out --set train.max_steps=10 --set checkpoint.every_steps=0 --resume\"",
+                          kEnv, d.string());
+  EXPECT_EQ(full.exit_code, 2) << full.err;
+  EXPECT_TRUE(std::regex_search(full.err, std::regex(
+      R"(qrun: cannot write checkpoint out/checkpoints/step-00000010: cannot write out/checkpoints/\.step-00000010\.tmp-[0-9]+/trainer\.pt: File too large; [0-9.]+ MiB free on the file system of out/checkpoints; a checkpoint needs about 0\.2 MiB \(the size of step-00000005\); the partial \.step-00000010\.tmp-[0-9]+ was removed and the previous checkpoint out/checkpoints/step-00000005 is intact \(resume with --resume\))")))
+      << full.err;
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(d / "out" / "checkpoints")) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"step-00000005"});
+  // The previous checkpoint loads and training continues from it.
+  auto resumed = qrun(d, recipe() + " --set run.dir=out --set train.max_steps=7 --set checkpoint.every_steps=0 --resume");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resumed from out/checkpoints/step-00000005 (step 5,"), std::string::npos) << resumed.err;
 }
 
 }  // namespace

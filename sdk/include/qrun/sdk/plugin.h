@@ -22,7 +22,8 @@
 #include <cstdint>
 
 // Bumped whenever an sdk/ interface changes in a way that breaks plugins built against the old one.
-#define QRUN_ABI_VERSION 1
+// 2: Profiler::step_metrics() (run.h).
+#define QRUN_ABI_VERSION 2
 #define QRUN_ENTRY_SYMBOL "qrun_plugin_descriptor"
 
 // The build id lives in one generated source per plugin (qrun_add_plugin() writes it), so a new

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace qrun {
 
@@ -54,6 +56,11 @@ class Profiler : public Component {
   virtual void on_step_begin(int64_t step) = 0;
   virtual void on_step_end(const StepRecord& record) = 0;
   virtual void on_run_end() = 0;
+  // Added in SDK 2. Extra per-step metrics, asked for right after on_step_end(): the host adds
+  // each (name, value) to that step's metrics.jsonl line and to TensorBoard (tag "train/<name>",
+  // like its own metrics). NaN means "not available": null in the JSON, no TensorBoard point.
+  // Names are lowercase snake_case and must not repeat the host's own metric names.
+  virtual std::vector<std::pair<std::string, double>> step_metrics() { return {}; }
 };
 
 }  // namespace qrun
