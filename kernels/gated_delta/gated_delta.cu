@@ -21,6 +21,7 @@ __global__ void gdn_l2norm_rstd_kernel(KParams p);
 __global__ void gdn_prep_kernel(KParams p);
 __global__ void gdn_state_kernel(KParams p, int mode);
 __global__ void gdn_dh_kernel(KParams p);
+__global__ void gdn_state_dh_kernel(KParams p, int64_t nstate);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
 size_t seq_smem_bytes();
 size_t bwd_smem_bytes();
@@ -268,14 +269,11 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
   Prof pr(s);
   launch_common_fwd(k, p, s, pr);
   if (p.num_seqs > 0) {
-    set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
-    gdn_state_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, seq_smem_bytes(), s>>>(k, 2);
-    check_launch("gdn_state_kernel(bwd)");
-    pr.mark("state(recompute h)");
-    set_smem(gdn_dh_kernel, seq_smem_bytes(), 2);
-    gdn_dh_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "dh"), 256, seq_smem_bytes(), s>>>(k);
-    check_launch("gdn_dh_kernel");
-    pr.mark("dh");
+    const int64_t nseq = p.num_seqs * p.HV * NVS;
+    set_smem(gdn_state_dh_kernel, seq_smem_bytes(), 2);
+    gdn_state_dh_kernel<<<grid1d(2 * nseq, "state+dh"), 256, seq_smem_bytes(), s>>>(k, nseq);
+    check_launch("gdn_state_dh_kernel");
+    pr.mark("state(recompute h) + dh");
   }
   if (p.num_chunks > 0) {
     set_smem(gdn_bwd_chunk_kernel, bwd_smem_bytes(), 3);

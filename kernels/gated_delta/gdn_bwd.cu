@@ -499,13 +499,15 @@ __global__ void gdn_group_reduce_kernel(KParams p) {
   const int64_t t = r / p.H;
   const int h = (int)(r % p.H);
   const float* src = isk ? p.dkh : p.dqh;
+  // lane owns the 4 consecutive columns 4*lane..4*lane+3 (16-byte loads; workspace is aligned)
   float dy[4], y[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int c = lane + 32 * e;
-    float s = 0.f;
-    for (int j = 0; j < p.G; ++j) s += src[(t * p.HV + (int64_t)h * p.G + j) * DK + c];
-    dy[e] = s;
+  {
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < p.G; ++j) {
+      const float4 b = __ldg(reinterpret_cast<const float4*>(src + (t * p.HV + (int64_t)h * p.G + j) * DK) + lane);
+      a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w;
+    }
+    dy[0] = a.x; dy[1] = a.y; dy[2] = a.z; dy[3] = a.w;
   }
   if (p.l2norm) {
     const void* x = isk ? p.k : p.q;
@@ -514,7 +516,7 @@ __global__ void gdn_group_reduce_kernel(KParams p) {
     float dot = 0.f;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      y[e] = ld_bf16(x, base + lane + 32 * e) * rs;
+      y[e] = ld_bf16(x, base + 4 * lane + e) * rs;
       dot += dy[e] * y[e];
     }
 #pragma unroll
@@ -525,7 +527,7 @@ __global__ void gdn_group_reduce_kernel(KParams p) {
   void* dst = isk ? p.dk : p.dq;
   const int64_t ob = t * (isk ? p.dk_st : p.dq_st) + (int64_t)h * (isk ? p.dk_sh : p.dq_sh);
 #pragma unroll
-  for (int e = 0; e < 4; ++e) st_any(dst, p.gdt, ob + lane + 32 * e, dy[e]);
+  for (int e = 0; e < 4; ++e) st_any(dst, p.gdt, ob + 4 * lane + e, dy[e]);
 }
 
 // One block per value head: dA_log, ddt_bias = sums of per-chunk partials (fixed order).

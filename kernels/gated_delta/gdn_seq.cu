@@ -25,7 +25,8 @@ constexpr int CP_EL = C * LDS;     // one [64][LDS] plane
 
 struct SeqSmem {
   __nv_bfloat16 *Kb, *Qb, *Tp, *Pp, *Xb, *Sp, *Yp, *Dp;
-  float *gam, *bet, *dec, *rsK, *rsQ;
+  float *gam, *bet, *rsK, *rsQ;  // [2][64] each (double-buffered by chunk parity)
+  float* dec;                     // [64]
 };
 
 __device__ __forceinline__ SeqSmem seq_smem(void* base) {
@@ -41,10 +42,10 @@ __device__ __forceinline__ SeqSmem seq_smem(void* base) {
   s.Dp = s.Yp + 2 * CP_EL;  // [2][64][LDS]
   float* f = reinterpret_cast<float*>(s.Dp + 2 * CP_EL);
   s.gam = f;
-  s.bet = f + C;
-  s.dec = f + 2 * C;
-  s.rsK = f + 3 * C;
-  s.rsQ = f + 4 * C;
+  s.bet = f + 2 * C;
+  s.rsK = f + 4 * C;
+  s.rsQ = f + 6 * C;
+  s.dec = f + 8 * C;
   return s;
 }
 
@@ -52,61 +53,96 @@ __device__ __forceinline__ SeqSmem seq_smem(void* base) {
 
 // bytes of dynamic shared memory of both sequential kernels
 size_t seq_smem_bytes() {
-  return (size_t)(2 * KQ_EL + 4 * TP_EL + CP_EL + 2 * SP_EL + 4 * CP_EL) * 2 + 5 * C * sizeof(float);
+  return (size_t)(2 * KQ_EL + 4 * TP_EL + CP_EL + 2 * SP_EL + 4 * CP_EL) * 2 + 9 * C * sizeof(float);
 }
 
-// Issues the loads of chunk c (k, q, T and P planes, a [64 x BV] bf16 slice of X = v or dO),
-// fills gam/bet/rsK/rsQ. Rows >= L are zero. Caller waits (cp_async_wait_all) and syncs.
-__device__ __forceinline__ void seq_load_chunk(const KParams& p, const SeqSmem& s, int h, int hv,
-                                               int64_t c, int64_t t0, int L, bool want_q,
-                                               const void* xsrc, int64_t x_st, int64_t x_sh,
-                                               int vec_x, int v0) {
-  const int tid = threadIdx.x;
-  const int64_t ct = (c * p.HV + hv) * (int64_t)(2 * C * C);
-  const __nv_bfloat16* kbase = bf16_at(p.k, t0 * p.k_st + (int64_t)h * p.k_sh);
-  const __nv_bfloat16* qbase = bf16_at(p.q, t0 * p.q_st + (int64_t)h * p.q_sh);
-  const __nv_bfloat16* xbase = bf16_at(xsrc, t0 * x_st + (int64_t)hv * x_sh + v0);
-  // T and P planes (workspace: always aligned): 2 x [64][64] each = 1024 chunks of 16 B
+// Piecewise chunk loads (cp.async where alignment allows, zero-filled rows >= L), so that each
+// shared buffer is refilled for the next chunk as soon as its last reader is done. Completion:
+// cp_async_wait<N>() + __syncthreads() by the caller; the scalar fallbacks are plain stores made
+// visible by the same barrier.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(src_bytes));
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+struct ChunkGeo {
+  int64_t c, t0;
+  int L;
+};
+__device__ __forceinline__ ChunkGeo chunk_geo(int64_t c, int64_t c_beg, int64_t bos, int64_t eos) {
+  ChunkGeo g;
+  g.c = c;
+  g.t0 = bos + (c - c_beg) * C;
+  g.L = (int)((eos - g.t0) < C ? (eos - g.t0) : C);
+  return g;
+}
+
+// T or P planes of chunk g (workspace, always 16-byte aligned): 2 x [64][64] = 1024 x 16 B
+__device__ __forceinline__ void ld_planes(__nv_bfloat16* dst, const __nv_bfloat16* src_all,
+                                          const KParams& p, int hv, const ChunkGeo& g) {
+  const __nv_bfloat16* src = src_all + (g.c * p.HV + hv) * (int64_t)(2 * C * C);
 #pragma unroll
   for (int i = 0; i < 2 * TP_EL / 8 / kSeqThreads; ++i) {
-    const int v = tid + i * kSeqThreads, pl = v >> 9, r = (v >> 3) & 63, c8 = v & 7;
-    const int d = pl * TP_EL + swz<C>(r, c8 * 8);
-    cp_async16(s.Tp + d, p.Tp + ct + v * 8, 16);
-    if (want_q) cp_async16(s.Pp + d, p.Pp + ct + v * 8, 16);
+    const int v = threadIdx.x + i * kSeqThreads, pl = v >> 9, r = (v >> 3) & 63, c8 = v & 7;
+    cp_async16(dst + pl * TP_EL + swz<C>(r, c8 * 8), src + v * 8, 16);
   }
-  if (p.vec_k && (!want_q || p.vec_q) && vec_x) {
+}
+// raw [64][128] q or k tile of key head h (swizzled)
+__device__ __forceinline__ void ld_qk(__nv_bfloat16* dst, const void* src_all, int64_t st,
+                                      int64_t sh, int vec, int h, const ChunkGeo& g) {
+  const __nv_bfloat16* base = bf16_at(src_all, g.t0 * st + (int64_t)h * sh);
+  if (vec) {
 #pragma unroll
     for (int i = 0; i < KQ_EL / 8 / kSeqThreads; ++i) {
-      const int v = tid + i * kSeqThreads, r = v >> 4, c8 = v & 15;
-      const int rr = r < L ? r : 0;
-      cp_async16(s.Kb + swz<DK>(r, c8 * 8), kbase + rr * p.k_st + c8 * 8, r < L ? 16 : 0);
-      if (want_q) cp_async16(s.Qb + swz<DK>(r, c8 * 8), qbase + rr * p.q_st + c8 * 8, r < L ? 16 : 0);
+      const int v = threadIdx.x + i * kSeqThreads, r = v >> 4, c8 = v & 15;
+      const int rr = r < g.L ? r : 0;
+      cp_async16(dst + swz<DK>(r, c8 * 8), base + rr * st + c8 * 8, r < g.L ? 16 : 0);
     }
-    constexpr int NXV = C * BV / 8;
-    for (int v = tid; v < NXV; v += kSeqThreads) {
-      const int r = v / (BV / 8), c8 = v % (BV / 8);
-      const int rr = r < L ? r : 0;
-      cp_async16(s.Xb + r * LDS + c8 * 8, xbase + rr * x_st + c8 * 8, r < L ? 16 : 0);
-    }
-  } else {  // unaligned strides: scalar loads
+  } else {
     const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
-    for (int i = tid; i < C * DK; i += kSeqThreads) {
+    for (int i = threadIdx.x; i < C * DK; i += kSeqThreads) {
       const int r = i / DK, cc = i % DK;
-      s.Kb[swz_el<DK>(r, cc)] = r < L ? kbase[r * p.k_st + cc] : z;
-      if (want_q) s.Qb[swz_el<DK>(r, cc)] = r < L ? qbase[r * p.q_st + cc] : z;
-    }
-    for (int i = tid; i < C * BV; i += kSeqThreads) {
-      const int r = i / BV, cc = i % BV;
-      s.Xb[r * LDS + cc] = r < L ? xbase[r * x_st + cc] : z;
+      dst[swz_el<DK>(r, cc)] = r < g.L ? base[r * st + cc] : z;
     }
   }
-  cp_async_commit();
-  if (tid < C) {
-    const int r = tid < L ? tid : L - 1;
-    s.gam[tid] = p.gam[(t0 + r) * p.HV + hv];
-    s.bet[tid] = tid < L ? p.bet[(t0 + r) * p.HV + hv] : 0.f;
-    s.rsK[tid] = tid < L ? (p.l2norm ? p.rk[(t0 + r) * p.H + h] : 1.f) : 0.f;
-    s.rsQ[tid] = tid < L ? (p.l2norm ? p.rq[(t0 + r) * p.H + h] : 1.f) : 0.f;
+}
+// raw [64][BV] slice of v or dO
+__device__ __forceinline__ void ld_x(__nv_bfloat16* dst, const void* src_all, int64_t st, int64_t sh,
+                                     int vec, int hv, int v0, const ChunkGeo& g) {
+  const __nv_bfloat16* base = bf16_at(src_all, g.t0 * st + (int64_t)hv * sh + v0);
+  if (vec) {
+    constexpr int NXV = C * BV / 8;
+    for (int v = threadIdx.x; v < NXV; v += kSeqThreads) {
+      const int r = v / (BV / 8), c8 = v % (BV / 8);
+      const int rr = r < g.L ? r : 0;
+      cp_async16(dst + r * LDS + c8 * 8, base + rr * st + c8 * 8, r < g.L ? 16 : 0);
+    }
+  } else {
+    const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
+    for (int i = threadIdx.x; i < C * BV; i += kSeqThreads) {
+      const int r = i / BV, cc = i % BV;
+      dst[r * LDS + cc] = r < g.L ? base[r * st + cc] : z;
+    }
+  }
+}
+// gamma (rows >= L repeat row L-1), beta (0 beyond L), l2norm scales (0 beyond L) into buffer b
+__device__ __forceinline__ void ld_vecs(const SeqSmem& s, int b, const KParams& p, int h, int hv,
+                                        const ChunkGeo& g) {
+  const int r = threadIdx.x;
+  if (r < C) {
+    const bool ok = r < g.L;
+    const int64_t t = g.t0 + (ok ? r : g.L - 1);
+    cp_async4(s.gam + b * C + r, p.gam + t * p.HV + hv, 4);
+    cp_async4(s.bet + b * C + r, p.bet + t * p.HV + hv, ok ? 4 : 0);
+    if (p.l2norm) {
+      cp_async4(s.rsK + b * C + r, p.rk + t * p.H + h, ok ? 4 : 0);
+      cp_async4(s.rsQ + b * C + r, p.rq + t * p.H + h, ok ? 4 : 0);
+    } else {
+      s.rsK[b * C + r] = ok ? 1.f : 0.f;
+      s.rsQ[b * C + r] = ok ? 1.f : 0.f;
+    }
   }
 }
 
@@ -221,10 +257,11 @@ __device__ __forceinline__ void zero4(float (&a)[NT][4]) {
 // Per chunk: P1 X = K S, O1 = Q S -> Y = diag(beta)(V - diag(e^gam rsK) X)   [sync]
 //            P2 Delta = T Y                                                   [sync]
 //            P3 O = s (diag(e^gam rsQ) O1 + P Delta);  P4 S = e^{gam_L} S + K^T diag(dec) Delta
-__global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, int mode) {
-  extern __shared__ __align__(128) unsigned char smraw[];
-  const SeqSmem s = seq_smem(smraw);
-  const int64_t bid = blockIdx.x;
+// Loads are pipelined: q, v, T and the row vectors of chunk c+1 are in flight while chunk c
+// computes (each buffer is refilled right after the barrier that ends its last use); k and P are
+// loaded at the top of the step (P is first needed in P3). cp.async groups, oldest first:
+// [K_c] [P_c] [Q,X,vec_{c+1}] [T_{c+1}].
+__device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t bid, const SeqSmem& s) {
   const int vs = (int)(bid % NVS);
   const int64_t rest = bid / NVS;
   const int hv = (int)(rest % p.HV);
@@ -250,11 +287,28 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, in
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
+  if (c_beg < c_end) {  // prologue: q, x, vectors, T of the first chunk
+    const ChunkGeo g = chunk_geo(c_beg, c_beg, bos, eos);
+    if (want_o) ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g);
+    ld_x(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g);
+    ld_vecs(s, (int)(c_beg & 1), p, h, hv, g);
+    cp_async_commit();
+    ld_planes(s.Tp, p.Tp, p, hv, g);
+    cp_async_commit();
+  }
   for (int64_t c = c_beg; c < c_end; ++c) {
-    const int64_t t0 = bos + (c - c_beg) * C;
-    const int L = (int)((eos - t0) < C ? (eos - t0) : C);
-    __syncthreads();  // previous chunk fully done with shared memory
-    seq_load_chunk(p, s, h, hv, c, t0, L, want_o, p.v, p.v_st, p.v_sh, p.vec_v, v0);
+    const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
+    const int64_t t0 = g.t0;
+    const int L = g.L, b = (int)(c & 1);
+    const float* gam = s.gam + b * C;
+    const float* bet = s.bet + b * C;
+    const float* rsK = s.rsK + b * C;
+    const float* rsQ = s.rsQ + b * C;
+    __syncthreads();  // previous chunk fully done with Kb, Pp, Sp
+    ld_qk(s.Kb, p.k, p.k_st, p.k_sh, p.vec_k, h, g);
+    cp_async_commit();
+    if (want_o) ld_planes(s.Pp, p.Pp, p, hv, g);
+    cp_async_commit();
     if (want_h) {
       float* hg = p.hs + (c * p.HV + hv) * KV;
 #pragma unroll
@@ -265,10 +319,10 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, in
           *reinterpret_cast<float2*>(hg + (int64_t)r * DV + v0 + j) = make_float2(st[nn][2 * hh], st[nn][2 * hh + 1]);
         }
     }
-    cp_async_wait_all();
+    cp_async_wait<1>();  // all but P_c
     __syncthreads();
-    const float gl = s.gam[L - 1];
-    if (tid < C) s.dec[tid] = tid < L ? expf(gl - s.gam[tid]) * s.rsK[tid] : 0.f;  // decay x l2norm scale
+    const float gl = gam[L - 1];
+    if (tid < C) s.dec[tid] = tid < L ? expf(gl - gam[tid]) * rsK[tid] : 0.f;  // decay x l2norm scale
     // P1
     float aO[2][4];
     {
@@ -294,15 +348,25 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, in
       }
       store_planes(s.Yp, CP_EL, aX, 16 * wr, 16 * wc, [&](int r, int j, float x) {
         const float vv = __bfloat162float(s.Xb[r * LDS + j]);
-        return r < L ? s.bet[r] * (vv - expf(s.gam[r]) * s.rsK[r] * x) : 0.f;
+        return r < L ? bet[r] * (vv - expf(gam[r]) * rsK[r] * x) : 0.f;
       });
     }
     __syncthreads();
+    // Qb, Xb and the other vector buffer are free: prefetch chunk c+1
+    if (c + 1 < c_end) {
+      const ChunkGeo g1 = chunk_geo(c + 1, c_beg, bos, eos);
+      if (want_o) ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g1);
+      ld_x(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g1);
+      ld_vecs(s, b ^ 1, p, h, hv, g1);
+    }
+    cp_async_commit();
     {  // P2: Delta = T Y
       float aD[2][4];
       zero4(aD);
       mma_split_split<false>(aD, s.Tp, 16 * wr, s.Yp, 16 * wc);
-      __syncthreads();  // Y planes are reused for Delta' = diag(dec) Delta
+      __syncthreads();  // Y planes are reused for Delta' = diag(dec) Delta; Tp is free
+      if (c + 1 < c_end) ld_planes(s.Tp, p.Tp, p, hv, chunk_geo(c + 1, c_beg, bos, eos));
+      cp_async_commit();
       const auto mask = [&](int r, int, float x) { return r < L ? x : 0.f; };
       store_planes(s.Dp, CP_EL, aD, 16 * wr, 16 * wc, mask);
       store_planes(s.Yp, CP_EL, aD, 16 * wr, 16 * wc, [&](int r, int, float x) { return r < L ? s.dec[r] * x : 0.f; });
@@ -318,6 +382,7 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, in
           }
       }
     }
+    cp_async_wait<2>();  // P_c landed (the two prefetch groups may still be in flight)
     __syncthreads();
     if (want_o) {  // P3: O = s (e^gam rsQ O1 + P Delta)
 #pragma unroll
@@ -326,7 +391,7 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, in
         for (int e = 0; e < 4; ++e) {
           GDN_FRAG_RC(16 * wr, 16 * wc, nn, e);
           (void)j;
-          aO[nn][e] *= expf(s.gam[r]) * s.rsQ[r];
+          aO[nn][e] *= expf(gam[r]) * rsQ[r];
         }
       mma_split_split<false>(aO, s.Pp, 16 * wr, s.Dp, 16 * wc);
       __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.o);
@@ -349,6 +414,7 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, in
       store_planes(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; });
     }
   }
+  cp_async_wait<0>();
   if (p.ht && (mode & 1)) {
 #pragma unroll
     for (int nn = 0; nn < 4; ++nn)
@@ -365,10 +431,10 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, in
 // Per chunk: 1. dDelta = diag(dec) K dS + s P^T dO (stored: dDl); dO' = s diag(e^gam rsQ) dO [sync]
 //            2. Z = -diag(beta e^gam rsK) T^T dDelta                                        [sync]
 //            3. dS <- e^{gam_L} dS + Q^T dO' + K^T Z
-__global__ void __launch_bounds__(kSeqThreads, 2) gdn_dh_kernel(KParams p) {
-  extern __shared__ __align__(128) unsigned char smraw[];
-  const SeqSmem s = seq_smem(smraw);
-  const int64_t bid = blockIdx.x;
+// Pipelined like state_body: P, dO, vectors and T of chunk c-1 are prefetched while chunk c
+// computes; k and q are loaded at the top (q is first needed in step 3).
+// cp.async groups, oldest first: [K_c] [Q_c] [P,X,vec_{c-1}] [T_{c-1}].
+__device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const SeqSmem& s) {
   const int vs = (int)(bid % NVS);
   const int64_t rest = bid / NVS;
   const int hv = (int)(rest % p.HV);
@@ -392,11 +458,28 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_dh_kernel(KParams p) {
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
+  if (c_beg < c_end) {  // prologue: P, dO, vectors, T of the last chunk
+    const ChunkGeo g = chunk_geo(c_end - 1, c_beg, bos, eos);
+    ld_planes(s.Pp, p.Pp, p, hv, g);
+    ld_x(s.Xb, p.dO, p.do_st, p.do_sh, p.vec_do, hv, v0, g);
+    ld_vecs(s, (int)((c_end - 1) & 1), p, h, hv, g);
+    cp_async_commit();
+    ld_planes(s.Tp, p.Tp, p, hv, g);
+    cp_async_commit();
+  }
   for (int64_t c = c_end - 1; c >= c_beg; --c) {
-    const int64_t t0 = bos + (c - c_beg) * C;
-    const int L = (int)((eos - t0) < C ? (eos - t0) : C);
-    __syncthreads();
-    seq_load_chunk(p, s, h, hv, c, t0, L, true, p.dO, p.do_st, p.do_sh, p.vec_do, v0);
+    const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
+    const int64_t t0 = g.t0;
+    const int L = g.L, b = (int)(c & 1);
+    const float* gam = s.gam + b * C;
+    const float* bet = s.bet + b * C;
+    const float* rsK = s.rsK + b * C;
+    const float* rsQ = s.rsQ + b * C;
+    __syncthreads();  // previous chunk fully done with Kb, Qb, Sp
+    ld_qk(s.Kb, p.k, p.k_st, p.k_sh, p.vec_k, h, g);
+    cp_async_commit();
+    ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g);
+    cp_async_commit();
     {
       float* dhg = p.dhs + (c * p.HV + hv) * KV;
 #pragma unroll
@@ -407,10 +490,10 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_dh_kernel(KParams p) {
           *reinterpret_cast<float2*>(dhg + (int64_t)r * DV + v0 + j) = make_float2(st[nn][2 * hh], st[nn][2 * hh + 1]);
         }
     }
-    cp_async_wait_all();
+    cp_async_wait<1>();  // all but Q_c
     __syncthreads();
-    const float gl = s.gam[L - 1];
-    if (tid < C) s.dec[tid] = tid < L ? expf(gl - s.gam[tid]) * s.rsK[tid] : 0.f;
+    const float gl = gam[L - 1];
+    if (tid < C) s.dec[tid] = tid < L ? expf(gl - gam[tid]) * rsK[tid] : 0.f;
     __syncthreads();
     {  // 1. dDelta
       float a1[2][4], a2[2][4];
@@ -438,19 +521,30 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_dh_kernel(KParams p) {
       store_planes(s.Dp, CP_EL, a1, 16 * wr, 16 * wc, [](int, int, float x) { return x; });
       // dO' = s e^gam rsQ dO (this warp's own elements of the raw dO slice)
       store_planes(s.Yp, CP_EL, a2, 16 * wr, 16 * wc, [&](int r, int j, float) {
-        return r < L ? p.scale * expf(s.gam[r]) * s.rsQ[r] * __bfloat162float(s.Xb[r * LDS + j]) : 0.f;
+        return r < L ? p.scale * expf(gam[r]) * rsQ[r] * __bfloat162float(s.Xb[r * LDS + j]) : 0.f;
       });
     }
     __syncthreads();
+    // Pp, Xb and the other vector buffer are free: prefetch chunk c-1
+    if (c - 1 >= c_beg) {
+      const ChunkGeo g1 = chunk_geo(c - 1, c_beg, bos, eos);
+      ld_planes(s.Pp, p.Pp, p, hv, g1);
+      ld_x(s.Xb, p.dO, p.do_st, p.do_sh, p.vec_do, hv, v0, g1);
+      ld_vecs(s, b ^ 1, p, h, hv, g1);
+    }
+    cp_async_commit();
     {  // 2. Z = -diag(beta e^gam rsK) T^T dDelta
       float az[2][4];
       zero4(az);
       mma_split_split<true>(az, s.Tp, 16 * wr, s.Dp, 16 * wc);
-      __syncthreads();  // dDelta planes are reused for Z
+      __syncthreads();  // dDelta planes are reused for Z; Tp is free
+      if (c - 1 >= c_beg) ld_planes(s.Tp, p.Tp, p, hv, chunk_geo(c - 1, c_beg, bos, eos));
+      cp_async_commit();
       store_planes(s.Dp, CP_EL, az, 16 * wr, 16 * wc, [&](int r, int, float x) {
-        return r < L ? -s.bet[r] * expf(s.gam[r]) * s.rsK[r] * x : 0.f;
+        return r < L ? -bet[r] * expf(gam[r]) * rsK[r] * x : 0.f;
       });
     }
+    cp_async_wait<2>();  // Q_c landed
     __syncthreads();
     {  // 3. dS = e^gl dS + Q^T dO' + K^T Z
       const float eg = expf(gl);
@@ -463,6 +557,7 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_dh_kernel(KParams p) {
       store_planes(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; });
     }
   }
+  cp_async_wait<0>();
   if (p.dh0) {
 #pragma unroll
     for (int nn = 0; nn < 4; ++nn)
@@ -473,6 +568,28 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_dh_kernel(KParams p) {
             make_float2(st[nn][2 * hh], st[nn][2 * hh + 1]);
       }
   }
+}
+
+__global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, int mode) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  state_body(p, mode, blockIdx.x, seq_smem(smraw));
+}
+
+__global__ void __launch_bounds__(kSeqThreads, 2) gdn_dh_kernel(KParams p) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  dh_body(p, blockIdx.x, seq_smem(smraw));
+}
+
+// Backward: the h recompute (state_body, mode 2) and the dh pass are independent, so they share
+// one launch: blocks [0, nstate) recompute h, the rest run the reverse pass. Each alone fills only
+// part of the machine (N*HV*4 blocks, two per SM).
+__global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_dh_kernel(KParams p, int64_t nstate) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  const int64_t bid = blockIdx.x;
+  if (bid < nstate)
+    state_body(p, 2, bid, seq_smem(smraw));
+  else
+    dh_body(p, bid - nstate, seq_smem(smraw));
 }
 
 }  // namespace qrun::gdn::detail
