@@ -18,7 +18,10 @@ constexpr int CPL = C * LDP;  // one [64][LDP] plane
 // V-loop view of the union (bf16): S0 and dS_C planes [2][128][LDP], Delta and dDelta planes
 // [2][64][LDP], raw dO and v slices [64][LDP], T planes [2][64][64] (swizzled)
 constexpr int kVloopEl = 4 * SPL + 4 * CPL + 2 * CPL + 2 * C * C;
-constexpr int kPostF = C * LDK + 2 * C * LDC;  // post-loop view (fp32)
+constexpr int LDW = DK + 8;   // dW plane row stride (bf16)
+constexpr int kPostF = C * LDW + 2 * C * LDC;  // post-loop view (floats): dW planes, M1, G
+// the post-loop view must leave the T planes (end of the V-loop view) intact
+static_assert(2 * kPostF <= 4 * SPL + 6 * CPL, "post-loop view overlaps the T planes");
 constexpr int kUnion = (kVloopEl / 2 > kPostF) ? kVloopEl / 2 : kPostF;
 constexpr int kBwdSmemF = 2 * (C * LDKB / 2) + 2 * C + 4 * C * LDC + kUnion + 18 * C + 8;
 
@@ -47,8 +50,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   __nv_bfloat16* Vb = dOb + CPL;
   __nv_bfloat16* Tpb = Vb + CPL;
   // post-loop view
-  float* dWs = U;                // [C][LDK]
-  float* M1s = dWs + C * LDK;    // [C][LDC]
+  __nv_bfloat16* dWp = reinterpret_cast<__nv_bfloat16*>(U);  // [2][C][LDW] hi/lo planes of dW
+  float* M1s = U + C * LDW;      // [C][LDC]
   float* Gs = M1s + C * LDC;     // [C][LDC]
   float* gam = U + kUnion;
   float* bet = gam + C;
@@ -295,7 +298,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     j += 16 * wc;
     dTs[r * LDC + j] = bet[j] * x;
   });
-  for_frag(aW, [&](int r, int j, float& x) { dWs[(16 * wr + r) * LDK + 32 * wc + j] = -x; });
+#pragma unroll
+  for (int nn = 0; nn < 4; ++nn)  // dW = -aW as bf16 hi/lo planes
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * wr + gq + 8 * hh, cc = 32 * wc + nn * 8 + 2 * tq;
+      uint32_t hi, lo;
+      split2(-aW[nn][2 * hh], -aW[nn][2 * hh + 1], hi, lo);
+      *reinterpret_cast<uint32_t*>(dWp + r * LDW + cc) = hi;
+      *reinterpret_cast<uint32_t*>(dWp + C * LDW + r * LDW + cc) = lo;
+    }
   {  // QK = Q K^T (into Gs, free until the Ghat phase)
     float acc[2][4];
     zero_acc(acc);
@@ -352,8 +364,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   {
     float acc[2][4];
     zero_acc(acc);
-    warp_mma<2, DK, false, true>(acc, [&](int m, int k) { return dWs[(16 * wr + m) * LDK + k]; },
-                                 [&](int k, int nn) { return Kr(16 * wc + nn, k); });
+    // bf16 tensor cores: A = dW planes, B = raw K (B[k][n] = K[n][k], K rows via ldmatrix)
+#pragma unroll
+    for (int k0 = 0; k0 < DK; k0 += 16) {
+      uint32_t ah[4], al[4], b[4];
+      const int ao = a_off(LDW, 16 * wr, k0, lane);
+      ldsm_x4(ah, dWp + ao);
+      ldsm_x4(al, dWp + C * LDW + ao);
+      ldsm_x4(b, Kb + bn_off(LDKB, k0, 16 * wc, lane));
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        mma_bf16(acc[t], al, b[2 * t], b[2 * t + 1]);
+        mma_bf16(acc[t], ah, b[2 * t], b[2 * t + 1]);
+      }
+    }
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr;
       j += 16 * wc;
@@ -364,8 +388,28 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   {  // TtdW = T^T dW: dK += diag(beta e^gam) TtdW ; row dot with K
     float acc[4][4];
     zero_acc(acc);
-    warp_mma<4, C>(acc, [&](int m, int k) { return Ts[k * LDC + 16 * wr + m]; },
-                   [&](int k, int nn) { return dWs[k * LDK + 32 * wc + nn]; });
+    // bf16 tensor cores: A = T^T (T planes, transposed loads), B = dW planes
+#pragma unroll
+    for (int k0 = 0; k0 < C; k0 += 16) {
+      uint32_t ah[4], al[4];
+      const int ao = at_off_sw<C>(16 * wr, k0, lane);
+      ldsm_x4_t(ah, Tpb + ao);
+      ldsm_x4_t(al, Tpb + C * C + ao);
+#pragma unroll
+      for (int nh = 0; nh < 2; ++nh) {
+        uint32_t bh[4], bl[4];
+        const int bo = b_off(LDW, k0, 32 * wc + 16 * nh, lane);
+        ldsm_x4_t(bh, dWp + bo);
+        ldsm_x4_t(bl, dWp + C * LDW + bo);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          const int nt = 2 * nh + t;
+          mma_bf16(acc[nt], al, bh[2 * t], bh[2 * t + 1]);
+          mma_bf16(acc[nt], ah, bl[2 * t], bl[2 * t + 1]);
+          mma_bf16(acc[nt], ah, bh[2 * t], bh[2 * t + 1]);
+        }
+      }
+    }
     float w0, w1;
     frag_rowdot(acc, [&](int r, int j) { return Kn((16 * wr + r), 32 * wc + j); }, w0, w1);
     __syncthreads();  // rp reuse

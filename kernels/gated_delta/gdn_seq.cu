@@ -346,9 +346,12 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
           }
         }
       }
+      // per-row factors of this lane's two rows (16wr + gq, +8); r & 8 selects
+      const int r0 = 16 * wr + gq;
+      const float f0 = expf(gam[r0]) * rsK[r0], f1 = expf(gam[r0 + 8]) * rsK[r0 + 8];
       store_planes(s.Yp, CP_EL, aX, 16 * wr, 16 * wc, [&](int r, int j, float x) {
         const float vv = __bfloat162float(s.Xb[r * LDS + j]);
-        return r < L ? bet[r] * (vv - expf(gam[r]) * rsK[r] * x) : 0.f;
+        return r < L ? bet[r] * (vv - ((r & 8) ? f1 : f0) * x) : 0.f;
       });
     }
     __syncthreads();
@@ -385,14 +388,12 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     cp_async_wait<2>();  // P_c landed (the two prefetch groups may still be in flight)
     __syncthreads();
     if (want_o) {  // P3: O = s (e^gam rsQ O1 + P Delta)
+      const int r0 = 16 * wr + gq;
+      const float f0 = expf(gam[r0]) * rsQ[r0], f1 = expf(gam[r0 + 8]) * rsQ[r0 + 8];
 #pragma unroll
       for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          GDN_FRAG_RC(16 * wr, 16 * wc, nn, e);
-          (void)j;
-          aO[nn][e] *= expf(gam[r]) * rsQ[r];
-        }
+        for (int e = 0; e < 4; ++e) aO[nn][e] *= (e & 2) ? f1 : f0;
       mma_split_split<false>(aO, s.Pp, 16 * wr, s.Dp, 16 * wc);
       __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.o);
 #pragma unroll
@@ -520,8 +521,10 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
         }
       store_planes(s.Dp, CP_EL, a1, 16 * wr, 16 * wc, [](int, int, float x) { return x; });
       // dO' = s e^gam rsQ dO (this warp's own elements of the raw dO slice)
+      const int r0 = 16 * wr + gq;
+      const float f0 = p.scale * expf(gam[r0]) * rsQ[r0], f1 = p.scale * expf(gam[r0 + 8]) * rsQ[r0 + 8];
       store_planes(s.Yp, CP_EL, a2, 16 * wr, 16 * wc, [&](int r, int j, float) {
-        return r < L ? p.scale * expf(gam[r]) * rsQ[r] * __bfloat162float(s.Xb[r * LDS + j]) : 0.f;
+        return r < L ? ((r & 8) ? f1 : f0) * __bfloat162float(s.Xb[r * LDS + j]) : 0.f;
       });
     }
     __syncthreads();
@@ -540,8 +543,10 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
       __syncthreads();  // dDelta planes are reused for Z; Tp is free
       if (c - 1 >= c_beg) ld_planes(s.Tp, p.Tp, p, hv, chunk_geo(c - 1, c_beg, bos, eos));
       cp_async_commit();
+      const int r0 = 16 * wr + gq;
+      const float f0 = -bet[r0] * expf(gam[r0]) * rsK[r0], f1 = -bet[r0 + 8] * expf(gam[r0 + 8]) * rsK[r0 + 8];
       store_planes(s.Dp, CP_EL, az, 16 * wr, 16 * wc, [&](int r, int, float x) {
-        return r < L ? -bet[r] * expf(gam[r]) * rsK[r] * x : 0.f;
+        return r < L ? ((r & 8) ? f1 : f0) * x : 0.f;
       });
     }
     cp_async_wait<2>();  // Q_c landed
