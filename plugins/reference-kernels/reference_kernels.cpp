@@ -12,6 +12,10 @@
 // belong to no sample (padding) come out as zeros. Gather/scatter are index_select / index_copy,
 // so gradients flow to exactly the tokens that were read.
 //
+// Note [Accumulation dtype]: "fp32" below means at least fp32: inputs in bf16/fp16/fp32 compute in
+// fp32, fp64 inputs compute in fp64 (acc_dtype). fp64 exists for the fp64 parity tests against
+// transformers (tests/model), where rounding noise must vanish, not for training.
+//
 // Components: attention "sdpa", linear_attention "gdn-reference", conv1d "conv-reference",
 // ops "reference".
 #include <qrun/sdk/error.h>
@@ -124,6 +128,11 @@ at::Tensor scatter(const Segments& s, const at::Tensor& y, const at::Tensor& lik
   return out.view(shape);
 }
 
+// See Note [Accumulation dtype].
+c10::ScalarType acc_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 int64_t lead_dims(const SeqInfo& seq) { return seq.layout == Layout::Packed ? 1 : 2; }
 
 // ---------------------------------------------------------------------------------------------
@@ -142,9 +151,10 @@ class SdpaAttention final : public Attention {
                hq, hkv);
     Segments s = make_segments(seq, q, 1, "sdpa");
     // [N, L, H, D] -> [N, H, L, D], fp32.
-    at::Tensor qs = gather(s, q, lead).transpose(1, 2).to(at::kFloat);
-    at::Tensor ks = gather(s, k, lead).transpose(1, 2).to(at::kFloat);
-    at::Tensor vs = gather(s, v, lead).transpose(1, 2).to(at::kFloat);
+    const auto acc = acc_dtype(q);
+    at::Tensor qs = gather(s, q, lead).transpose(1, 2).to(acc);
+    at::Tensor ks = gather(s, k, lead).transpose(1, 2).to(acc);
+    at::Tensor vs = gather(s, v, lead).transpose(1, 2).to(acc);
     if (hq != hkv) {
       ks = ks.repeat_interleave(hq / hkv, 1);
       vs = vs.repeat_interleave(hq / hkv, 1);
@@ -187,10 +197,11 @@ class GdnReference final : public LinearAttention {
     const int64_t N = s.n, L = s.len, nc = L / C;
 
     // Prologue, fp32: l2norm, scale, gates.
-    at::Tensor q = gather(s, in.q, lead).to(at::kFloat);  // [N, L, H, K]
-    at::Tensor k = gather(s, in.k, lead).to(at::kFloat);
-    at::Tensor v = gather(s, in.v, lead).to(at::kFloat);  // [N, L, HV, V]
-    at::Tensor a = gather(s, in.a, lead).to(at::kFloat);  // [N, L, HV]
+    const auto acc = acc_dtype(in.q);
+    at::Tensor q = gather(s, in.q, lead).to(acc);  // [N, L, H, K]
+    at::Tensor k = gather(s, in.k, lead).to(acc);
+    at::Tensor v = gather(s, in.v, lead).to(acc);  // [N, L, HV, V]
+    at::Tensor a = gather(s, in.a, lead).to(acc);  // [N, L, HV]
     at::Tensor b = gather(s, in.b, lead);
     if (opt.qk_l2norm) {
       q = q * at::rsqrt(q.pow(2).sum(-1, true) + 1e-6);
@@ -202,9 +213,8 @@ class GdnReference final : public LinearAttention {
       q = q.repeat_interleave(HV / H, 2);
       k = k.repeat_interleave(HV / H, 2);
     }
-    at::Tensor g = -at::exp(in.A_log.to(at::kFloat)) *
-                   at::softplus(a + in.dt_bias.to(at::kFloat));            // [N, L, HV]
-    at::Tensor beta = at::sigmoid(b).to(at::kFloat);
+    at::Tensor g = -at::exp(in.A_log.to(acc)) * at::softplus(a + in.dt_bias.to(acc));  // [N, L, HV]
+    at::Tensor beta = at::sigmoid(b).to(acc);
     // Padded steps: g = 0, beta = 0 (no effect on the state; they come after every real token).
     g = at::where(s.valid.unsqueeze(-1), g, at::zeros({}, g.options()));
     beta = at::where(s.valid.unsqueeze(-1), beta, at::zeros({}, beta.options()));
@@ -286,18 +296,18 @@ class ReferenceOps final : public Ops {
  public:
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
                       bool zero_centred) override {
-    at::Tensor xf = x.to(at::kFloat);
+    at::Tensor xf = x.to(acc_dtype(x));
     at::Tensor n = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
-    at::Tensor w = weight.to(at::kFloat);
+    at::Tensor w = weight.to(xf.scalar_type());
     if (zero_centred) w = w + 1.0;
     return (n * w).to(x.scalar_type());
   }
   at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& z, const at::Tensor& weight,
                             double eps) override {
-    at::Tensor xf = x.to(at::kFloat);
+    at::Tensor xf = x.to(acc_dtype(x));
     at::Tensor n = (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
     at::Tensor y = weight * n;
-    y = y * at::silu(z.to(at::kFloat));
+    y = y * at::silu(z.to(acc_dtype(z)));
     return y.to(x.scalar_type());
   }
   at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) override {
@@ -305,7 +315,7 @@ class ReferenceOps final : public Ops {
   }
   at::Tensor linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight,
                                       const at::Tensor& targets) override {
-    at::Tensor logits = at::linear(hidden, weight).to(at::kFloat);
+    at::Tensor logits = at::linear(hidden, weight).to(acc_dtype(hidden));
     return at::cross_entropy_loss(logits, targets, {}, at::Reduction::Sum, kIgnoreIndex);
   }
 };
