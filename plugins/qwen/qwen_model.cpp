@@ -1,14 +1,19 @@
 // plugins/qwen: the `qwen` model - the Qwen3.5 hybrid text decoder (Gated DeltaNet layers and
-// gated full-attention layers, SwiGLU MLP) in LibTorch, with Hugging Face checkpoint IO.
+// gated full-attention layers, SwiGLU MLP) in LibTorch, with Hugging Face checkpoint IO; through
+// the same code the Qwen3.5-MoE text model (sparse MoE MLPs) and Qwen3-Next (fused in_proj_qkvz /
+// in_proj_ba projections, MoE MLPs on the layers its config selects).
 //
 // Spec: shared/design/qwen35-model.md (section numbers below refer to it). The model owns its
-// parameters under their HF `Qwen3_5ForCausalLM` names (`model.layers.3.self_attn.q_proj.weight`,
-// `lm_head.weight` only when untied) and never hard-codes a backend: every attention, linear
-// attention, conv, norm, activation and loss goes through the ModelKernels the recipe names.
+// parameters under their HF causal-LM names (`model.layers.3.self_attn.q_proj.weight`,
+// `lm_head.weight` only when untied; MoE experts fused as transformers holds them, Note [Expert
+// parameters]) and never hard-codes a backend: every attention, linear attention, conv, norm,
+// activation and loss goes through the ModelKernels the recipe names.
 //
 // Numerics (section 2.8): parameters are stored in placement.param_dtype except
 // linear_attn.A_log and linear_attn.norm.weight, which stay fp32 as published; activations run in
-// placement.compute_dtype (weights are cast on use when the two differ).
+// placement.compute_dtype (weights are cast on use when the two differ). Softmaxes, RoPE angles
+// and logits use at least fp32: with fp64 parameters and compute (the parity tests' mode) every
+// step runs in fp64, A_log and the gated-norm weight included.
 //
 // Batches (sdk batch.h): packed [T] or padded [B, S]; labels are unshifted and the model shifts
 // them inside each sample using seq_idx, so nothing is predicted across a sample boundary.
@@ -51,8 +56,14 @@ using json = nlohmann::json;
 // ---------------------------------------------------------------------------------------------
 // Configuration (section 1)
 
+// The architectures one plugin serves (section 2): Qwen3.5 dense (separate GDN projections, SwiGLU
+// MLP), Qwen3.5-MoE (same GDN, every MLP a sparse MoE) and Qwen3-Next (fused in_proj_qkvz /
+// in_proj_ba, MoE MLP on the layers decoder_sparse_step / mlp_only_layers select).
+enum class Family { Qwen35, Qwen35Moe, Next };
+
 struct QwenConfig {
   std::string model_type = "qwen3_5_text";
+  Family family = Family::Qwen35;
   int64_t hidden = 0, layers = 0, n_q = 0, n_kv = 0, d_h = 0;
   int64_t n_k = 0, n_v = 0, d_k = 0, d_v = 0, conv_k = 4, inter = 0, vocab = 0;
   double eps = 1e-6, rope_theta = 1e7, partial_rotary = 0.25;
@@ -60,7 +71,16 @@ struct QwenConfig {
   std::vector<bool> full;  // per layer: true = full attention, false = Gated DeltaNet
   int64_t max_pos = 262144;
   json extra;              // token ids etc. copied into a saved config.json
+  // Sparse MoE MLP (Qwen3.5-MoE, Qwen3-Next), section 2.6.
+  int64_t experts = 0, top_k = 0, moe_inter = 0, shared_inter = 0;
+  bool norm_topk = true;
+  std::vector<bool> moe;   // per layer: true = sparse MoE MLP, false = dense SwiGLU
+  json source;             // the checkpoint's config.json as read (null for presets)
 
+  bool fused_gdn() const { return family == Family::Next; }
+  const char* family_name() const {
+    return family == Family::Next ? "qwen3_next" : family == Family::Qwen35Moe ? "qwen3_5_moe" : "qwen3_5";
+  }
   int64_t rot_dim() const { return static_cast<int64_t>(static_cast<double>(d_h) * partial_rotary); }
   int64_t key_dim() const { return n_k * d_k; }
   int64_t value_dim() const { return n_v * d_v; }
@@ -92,6 +112,7 @@ QwenConfig preset_config(const std::string& name) {
   else if (name == "demo") set(128, 4, 4, 2, 32, 2, 4, 32, 256, 151936, true);
   else QRUN_ASSERT(false, "unknown preset {}", name);
   c.full = interval_layers(c.layers, 4);
+  c.moe.assign(c.layers, false);
   return c;
 }
 
@@ -130,15 +151,20 @@ QwenConfig parse_config(const std::string& file) {
   const json& t = (tc != nullptr && tc->is_object()) ? *tc : top;
   std::string mt = top.value("model_type", std::string());
   std::string tmt = t.value("model_type", mt);
-  static const std::set<std::string> ok = {"qwen3_5", "qwen3_5_text"};
-  QRUN_CHECK(mt != "qwen3_next" && tmt != "qwen3_next",
-             "config {}: model_type 'qwen3_next' (Qwen3-Next: fused in_proj_qkvz layout and MoE MLP) "
-             "is not supported by the qwen plugin yet; supported: qwen3_5, qwen3_5_text", file);
+  static const std::map<std::string, Family> ok = {
+      {"qwen3_5", Family::Qwen35},        {"qwen3_5_text", Family::Qwen35},
+      {"qwen3_5_moe", Family::Qwen35Moe}, {"qwen3_5_moe_text", Family::Qwen35Moe},
+      {"qwen3_next", Family::Next}};
   QRUN_CHECK(ok.count(mt) > 0 || (mt.empty() && ok.count(tmt) > 0),
-             "config {}: unknown model_type '{}'; the qwen model supports qwen3_5 and qwen3_5_text",
-             file, mt);
+             "config {}: unknown model_type '{}'; the qwen model supports qwen3_5, qwen3_5_text, "
+             "qwen3_5_moe, qwen3_5_moe_text and qwen3_next", file, mt);
   QwenConfig c;
   c.model_type = tmt.empty() ? mt : tmt;
+  c.family = ok.at(mt.empty() ? tmt : mt);
+  QRUN_CHECK(ok.count(c.model_type) > 0 && ok.at(c.model_type) == c.family,
+             "config {}: text_config.model_type '{}' does not belong to model_type '{}'", file,
+             c.model_type, mt);
+  c.source = top;
   c.hidden = jint(t, "hidden_size", file);
   c.layers = jint(t, "num_hidden_layers", file);
   c.n_q = jint(t, "num_attention_heads", file);
@@ -149,7 +175,8 @@ QwenConfig parse_config(const std::string& file) {
   c.d_k = jint(t, "linear_key_head_dim", file);
   c.d_v = jint(t, "linear_value_head_dim", file);
   c.conv_k = jint(t, "linear_conv_kernel_dim", file, 4);
-  c.inter = jint(t, "intermediate_size", file);
+  // Qwen3.5-MoE has no dense MLP; Qwen3-Next uses intermediate_size on its dense layers only.
+  if (c.family != Family::Qwen35Moe) c.inter = jint(t, "intermediate_size", file);
   c.vocab = jint(t, "vocab_size", file);
   c.max_pos = jint(t, "max_position_embeddings", file, 262144);
   c.eps = jnum(t, "rms_norm_eps", file, 1e-6);
@@ -189,11 +216,49 @@ QwenConfig parse_config(const std::string& file) {
   }
   for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
     if (const json* v = jfind(t, k)) c.extra[k] = *v;
+  c.moe.assign(c.layers, false);
+  if (c.family != Family::Qwen35) {
+    // Section 2.6 (HF-N Qwen3NextSparseMoeBlock / decoder layer, Qwen3_5MoeSparseMoeBlock).
+    c.experts = jint(t, "num_experts", file);
+    c.top_k = jint(t, "num_experts_per_tok", file);
+    c.moe_inter = jint(t, "moe_intermediate_size", file);
+    c.shared_inter = jint(t, "shared_expert_intermediate_size", file);
+    QRUN_CHECK(c.top_k <= c.experts, "config {}: num_experts_per_tok {} exceeds num_experts {}",
+               file, c.top_k, c.experts);
+    if (c.family == Family::Next) {
+      if (const json* v = jfind(t, "norm_topk_prob")) {
+        QRUN_CHECK(v->is_boolean(), "config {}: field 'norm_topk_prob' must be true or false, got {}",
+                   file, v->dump());
+        c.norm_topk = v->get<bool>();
+      }
+      const int64_t step = jint(t, "decoder_sparse_step", file, 1);
+      std::set<int64_t> dense_only;
+      if (const json* v = jfind(t, "mlp_only_layers")) {
+        QRUN_CHECK(v->is_array(), "config {}: field 'mlp_only_layers' must be a list of layer "
+                   "indices, got {}", file, v->dump());
+        for (const auto& e : *v) {
+          QRUN_CHECK(e.is_number_integer(), "config {}: mlp_only_layers entry {} is not a layer "
+                     "index", file, e.dump());
+          dense_only.insert(e.get<int64_t>());
+        }
+      }
+      for (int64_t i = 0; i < c.layers; ++i)
+        c.moe[i] = dense_only.count(i) == 0 && (i + 1) % step == 0;
+    } else {
+      c.moe.assign(c.layers, true);  // Qwen3_5MoeDecoderLayer: always the sparse block, top-k renormalised
+    }
+    if (const json* v = jfind(t, "output_router_logits"); v != nullptr && v->is_boolean() && v->get<bool>())
+      log_warn("qwen: config {} sets output_router_logits; qrun trains with the cross-entropy loss "
+               "only (no router load-balancing loss)", file);
+  }
   return c;
 }
 
-// A model named by a local directory or a hub id in the local Hugging Face cache (offline).
-std::string resolve_model_dir(const std::string& name) {
+// A model named by a local directory or a hub id in the local Hugging Face cache (offline). The
+// cache layout (huggingface_hub): <root>/models--org--name/refs/<branch or tag> holds a commit
+// hash, snapshots/<hash>/ holds the files (symlinks into blobs/). `revision` is a branch or tag
+// (looked up under refs/) or a commit hash (a snapshots/ folder).
+std::string resolve_model_dir(const std::string& name, const std::string& revision) {
   if (fs::is_directory(name)) return name;
   static const std::regex hub_id("^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$");
   QRUN_CHECK(!fs::exists(name), "model path {} exists but is not a directory", name);
@@ -205,14 +270,30 @@ std::string resolve_model_dir(const std::string& name) {
   if (const char* x = std::getenv("XDG_CACHE_HOME")) roots.push_back(std::string(x) + "/huggingface/hub");
   if (const char* home = std::getenv("HOME")) roots.push_back(std::string(home) + "/.cache/huggingface/hub");
   std::string repo = "models--" + std::regex_replace(name, std::regex("/"), "--");
+  QRUN_CHECK(!revision.empty() && revision.find("..") == std::string::npos,
+             "model revision '{}' is not a branch, tag or commit hash", revision);
   for (const auto& r : roots) {
     fs::path d = fs::path(r) / repo;
     if (!fs::is_directory(d / "snapshots")) continue;
-    std::ifstream ref(d / "refs" / "main");
-    std::string rev;
-    if (ref >> rev && fs::is_directory(d / "snapshots" / rev)) return (d / "snapshots" / rev).string();
+    std::ifstream ref(d / "refs" / revision);
+    std::string commit;
+    if (ref >> commit) {
+      QRUN_CHECK(fs::is_directory(d / "snapshots" / commit),
+                 "model '{}': {} names commit {} but {} is missing (an interrupted download? "
+                 "run `huggingface-cli download {} --revision {}` again)", name,
+                 (d / "refs" / revision).string(), commit, (d / "snapshots" / commit).string(),
+                 name, revision);
+      return (d / "snapshots" / commit).string();
+    }
+    if (fs::is_directory(d / "snapshots" / revision)) return (d / "snapshots" / revision).string();
+    std::vector<std::string> have;
     for (const auto& e : fs::directory_iterator(d / "snapshots"))
-      if (e.is_directory()) return e.path().string();
+      if (e.is_directory()) have.push_back(e.path().filename().string());
+    std::sort(have.begin(), have.end());
+    fail("model '{}' is in the Hugging Face cache ({}) but revision '{}' is not: no refs/{} and no "
+         "snapshot of that name (snapshots: {}); download it with `huggingface-cli download {} "
+         "--revision {}` or set model.revision", name, d.string(), revision, revision,
+         have.empty() ? std::string("none") : fmt::format("{}", fmt::join(have, ", ")), name, revision);
   }
   fail("model '{}' is not a local directory and is not in the Hugging Face cache (looked in {}); "
        "download it first, e.g. `huggingface-cli download {}`, or set model.path to a checkpoint "
@@ -340,12 +421,21 @@ struct ParamSpec {
 };
 
 struct Layer {
-  bool full = false;
-  at::Tensor in_norm, post_norm, gate, up, down;
+  bool full = false, moe = false;
+  at::Tensor in_norm, post_norm, gate, up, down;                              // dense SwiGLU MLP
+  at::Tensor router, ex_gate_up, ex_down, sh_gate, sh_up, sh_down, sh_gate_w; // sparse MoE MLP
   at::Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;                 // full attention
   at::Tensor qkv, z, b, a, conv, dt_bias, A_log, gnorm, out;                  // Gated DeltaNet
+  at::Tensor qkvz, ba;                                                        // ... fused (Qwen3-Next)
   std::vector<at::Tensor> all;
 };
+
+// Note [Expert parameters]: the experts of a MoE layer are two parameters in transformers'
+// in-memory layout and names, `mlp.experts.gate_up_proj` [E, 2I, H] (gate rows first, then up)
+// and `mlp.experts.down_proj` [E, H, I]: one tensor per layer for the optimizer, gradients that
+// compare by name with transformers. Checkpoints (published ones and what transformers 5.17's
+// save_pretrained writes) hold one tensor per expert and projection,
+// `mlp.experts.{e}.{gate,up,down}_proj.weight`; load() gathers them and save() splits them back.
 
 // Per-forward state the layers share (RoPE tables, padding mask).
 struct FwdCtx {
@@ -360,7 +450,7 @@ class QwenModel final : public Model {
     QRUN_CHECK(!(cfg.has("path") && cfg.get_string("preset") != "none"),
                "{}: give either `path` (a checkpoint) or `preset`, not both", cfg.path());
     if (cfg.has("path")) {
-      dir_ = resolve_model_dir(cfg.get_string("path"));
+      dir_ = resolve_model_dir(cfg.get_string("path"), cfg.get_string("revision"));
       try {
         c_ = parse_config((fs::path(dir_) / "config.json").string());
       } catch (Error& e) {
@@ -379,11 +469,13 @@ class QwenModel final : public Model {
       if (dir_.empty()) {
         c_.layers = nl;
         c_.full = interval_layers(nl, 4);
+        c_.moe.assign(nl, false);
       } else {
         QRUN_CHECK(nl <= c_.layers, "{}: num_layers {} exceeds the checkpoint's {} layers",
                    cfg.location("num_layers"), nl, c_.layers);
         c_.layers = nl;
         c_.full.resize(nl);
+        c_.moe.resize(nl);
       }
     }
     ac_ = cfg.get_string("activation_checkpointing") == "full";
@@ -422,7 +514,7 @@ class QwenModel final : public Model {
     FwdCtx ctx;
     ctx.seq = seq;
     // RoPE tables (section 2.4 step 4): angles in fp32, cos/sin cast to the activation dtype.
-    at::Tensor ang = batch.position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq_;
+    at::Tensor ang = batch.position_ids.to(acc()).unsqueeze(-1) * inv_freq_.to(acc());
     at::Tensor emb = at::cat({ang, ang}, -1);
     ctx.cos = emb.cos().to(cdt).unsqueeze(-2);
     ctx.sin = emb.sin().to(cdt).unsqueeze(-2);
@@ -450,15 +542,166 @@ class QwenModel final : public Model {
     out.loss_sum = k_.ops->linear_cross_entropy_sum(x.reshape({-1, c_.hidden}), W,
                                                     targets.reshape({-1}));
     out.loss_tokens = targets.ne(kIgnoreIndex).sum().item<int64_t>();
-    if (return_logits) out.logits = at::linear(x, W).to(at::kFloat);
+    if (return_logits) out.logits = at::linear(x, W).to(acc());  // fp32 (fp64 in the fp64 mode)
     return out;
   }
 
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() override { return params_; }
 
+  // Note [Save layout]: a model loaded from a checkpoint is saved in that checkpoint's layout, so
+  // the folder is a drop-in replacement: its config.json as read (only num_hidden_layers,
+  // layer_types and dtype updated), its key prefix (`model.language_model.` for the image-text
+  // checkpoints), and its mtp.* / visual.* tensors copied byte for byte from the mmap'd source.
+  // Preset-built models are written as the text-only causal LM of their family.
   void save(const std::string& dir) override {
     QRUN_ASSERT(built_, "qwen model saved before build()");
-    // config.json: the text-only Qwen3_5ForCausalLM layout (keys `model.*`).
+    const char* dtype = place_.param_dtype == at::kBFloat16 ? "bfloat16"
+                        : place_.param_dtype == at::kHalf   ? "float16"
+                        : place_.param_dtype == at::kDouble ? "float64"
+                                                            : "float32";
+    json c;
+    if (!c_.source.is_null()) {
+      c = c_.source;
+      json& t = (c.contains("text_config") && c["text_config"].is_object()) ? c["text_config"] : c;
+      t["num_hidden_layers"] = c_.layers;
+      if (t.contains("layer_types") && t["layer_types"].is_array() &&
+          static_cast<int64_t>(t["layer_types"].size()) > c_.layers)
+        t["layer_types"].erase(t["layer_types"].begin() + c_.layers, t["layer_types"].end());
+      for (json* o : {&c, &t}) {
+        if (o->contains("torch_dtype")) (*o)["torch_dtype"] = dtype;
+        if (o == &c || o->contains("dtype")) (*o)["dtype"] = dtype;
+      }
+    } else {
+      c = preset_config_json();
+      c["dtype"] = dtype;
+    }
+    write_text((fs::path(dir) / "config.json").string(), c.dump(2));
+
+    // The tensors to write: parameters under their checkpoint names (experts split per Note
+    // [Expert parameters]), then the pass-through tensors.
+    struct Out {
+      std::string name;
+      at::Tensor t;                 // a parameter (or a slice of one), on the CPU
+      const CkptTensor* raw = nullptr;
+      int64_t nbytes() const {
+        return raw ? static_cast<int64_t>(raw->info->end - raw->info->begin)
+                   : t.numel() * static_cast<int64_t>(t.element_size());
+      }
+    };
+    auto ckpt_name = [&](const std::string& n) {
+      return n.rfind("model.", 0) == 0 ? prefix_ + n.substr(6) : n;
+    };
+    std::vector<Out> outs;
+    for (const auto& [name, p] : params_) {
+      at::Tensor t = p.detach().to(at::kCPU);
+      const bool gate_up = name.ends_with(".mlp.experts.gate_up_proj");
+      if (gate_up || name.ends_with(".mlp.experts.down_proj")) {
+        const std::string base = ckpt_name(name.substr(0, name.rfind('.') + 1));
+        const int64_t I = t.size(1) / 2;
+        for (int64_t e = 0; e < t.size(0); ++e) {
+          if (gate_up) {
+            outs.push_back({fmt::format("{}{}.gate_proj.weight", base, e), t[e].narrow(0, 0, I).contiguous()});
+            outs.push_back({fmt::format("{}{}.up_proj.weight", base, e), t[e].narrow(0, I, I).contiguous()});
+          } else {
+            outs.push_back({fmt::format("{}{}.down_proj.weight", base, e), t[e].contiguous()});
+          }
+        }
+      } else {
+        outs.push_back({ckpt_name(name), t.contiguous()});
+      }
+    }
+    for (const auto& raw : passthrough_) outs.push_back({raw.info->name, at::Tensor(), &raw});
+
+    // Shards of at most save_shard_bytes (a tensor larger than that gets a shard of its own).
+    std::vector<std::vector<size_t>> shards(1);
+    int64_t cur = 0, total = 0;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const int64_t nb = outs[i].nbytes();
+      if (cur > 0 && cur + nb > shard_bytes_) {
+        shards.emplace_back();
+        cur = 0;
+      }
+      shards.back().push_back(i);
+      cur += nb;
+      total += nb;
+    }
+    json weight_map = json::object();
+    const size_t n = shards.size();
+    for (size_t s = 0; s < n; ++s) {
+      std::string fname = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, n);
+      std::vector<safetensors::WriteTensor> ts;
+      for (size_t i : shards[s]) {
+        const Out& o = outs[i];
+        if (o.raw != nullptr) {
+          const auto& info = *o.raw->info;
+          ts.push_back({o.name, info.dtype, info.shape, o.raw->file->tensor_data(info),
+                        static_cast<size_t>(info.end - info.begin)});
+        } else {
+          ts.push_back({o.name, st_name(o.t.scalar_type()), o.t.sizes().vec(), o.t.data_ptr(),
+                        static_cast<size_t>(o.nbytes())});
+        }
+        weight_map[o.name] = fname;
+      }
+      safetensors::write_file((fs::path(dir) / fname).string(), ts, {{"format", "pt"}});
+    }
+    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_text((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2));
+  }
+
+  double train_flops_per_token(const std::vector<int64_t>& seq_lens) const override {
+    // Section 7.2: dense matmuls + causal attention scores + chunked GDN core; x3 for training.
+    const double H = c_.hidden, Lf = c_.num_full(), Ll = c_.num_linear(), L = c_.layers;
+    // MLP: dense layers 3HI; MoE layers count the active experts only: router HE, top_k experts
+    // 3H·I_moe each, the shared expert 3H·I_shared and its gate H (spec: Qwen3-Next-80B-A3B 24.42).
+    const double L_moe = static_cast<double>(std::count(c_.moe.begin(), c_.moe.end(), true));
+    const double mlp = (L - L_moe) * 3.0 * H * c_.inter +
+                       L_moe * (H * c_.experts + c_.top_k * 3.0 * H * c_.moe_inter +
+                                3.0 * H * c_.shared_inter + H);
+    const double n_mm = c_.vocab * H + Lf * H * (3.0 * c_.n_q * c_.d_h + 2.0 * c_.n_kv * c_.d_h) +
+                        Ll * H * (2.0 * c_.n_k * c_.d_k + 3.0 * c_.n_v * c_.d_v + 2.0 * c_.n_v) + mlp;
+    double tokens = 0, pairs = 0;
+    for (int64_t s : seq_lens) {
+      tokens += s;
+      pairs += 0.5 * static_cast<double>(s) * (s + 1);
+    }
+    const double s_bar = tokens > 0 ? pairs / tokens : 0.0;
+    const double C = 64;
+    const double f_att = Lf * 4.0 * c_.n_q * c_.d_h * s_bar;
+    const double f_gdn = Ll * c_.n_v *
+                         (2.0 * C * (3.0 * c_.d_k + 2.0 * c_.d_v) + 6.0 * c_.d_k * c_.d_v +
+                          (2.0 / 3.0) * C * C);
+    return 3.0 * (2.0 * n_mm + f_att + f_gdn);
+  }
+
+  ModelSummary summary() const override {
+    ModelSummary s;
+    s.family = c_.family_name();
+    s.num_layers = c_.layers;
+    s.hidden_size = c_.hidden;
+    s.vocab_size = c_.vocab;
+    int64_t n = 0;
+    for (const auto& p : params_) n += p.second.numel();
+    if (params_.empty()) {
+      for (const auto& sp : param_specs()) {
+        int64_t e = 1;
+        for (int64_t d : sp.shape) e *= d;
+        n += e;
+      }
+    }
+    s.num_parameters = n;
+    const int64_t n_moe = std::count(c_.moe.begin(), c_.moe.end(), true);
+    s.description = fmt::format(
+        "{} hybrid, {} layers ({} GDN + {} attn{}), hidden {}, {} params, {} embeddings, from {}",
+        c_.family == Family::Next ? "Qwen3-Next" : c_.family == Family::Qwen35Moe ? "Qwen3.5-MoE" : "Qwen3.5",
+        c_.layers, c_.num_linear(), c_.num_full(),
+        n_moe > 0 ? fmt::format("; {} MoE MLPs, {} experts, top {}", n_moe, c_.experts, c_.top_k) : "",
+        c_.hidden, n, c_.tied ? "tied" : "untied", dir_.empty() ? "preset " + preset_ : dir_);
+    return s;
+  }
+
+ private:
+  // config.json of a preset-built model: the text-only Qwen3_5ForCausalLM layout (keys `model.*`).
+  json preset_config_json() const {
     json c;
     c["architectures"] = {"Qwen3_5ForCausalLM"};
     c["model_type"] = "qwen3_5_text";
@@ -485,88 +728,10 @@ class QwenModel final : public Model {
     c["rope_parameters"] = {{"rope_type", "default"},
                             {"rope_theta", c_.rope_theta},
                             {"partial_rotary_factor", c_.partial_rotary}};
-    c["dtype"] = place_.param_dtype == at::kBFloat16 ? "bfloat16"
-                 : place_.param_dtype == at::kHalf   ? "float16"
-                                                     : "float32";
     for (auto it = c_.extra.begin(); it != c_.extra.end(); ++it) c[it.key()] = it.value();
-    write_text((fs::path(dir) / "config.json").string(), c.dump(2));
-
-    // Shards of at most save_shard_bytes (a tensor larger than that gets a shard of its own).
-    std::vector<std::vector<size_t>> shards(1);
-    int64_t cur = 0, total = 0;
-    std::vector<at::Tensor> host(params_.size());
-    for (size_t i = 0; i < params_.size(); ++i) {
-      host[i] = params_[i].second.detach().to(at::kCPU).contiguous();
-      int64_t nb = host[i].numel() * static_cast<int64_t>(host[i].element_size());
-      if (cur > 0 && cur + nb > shard_bytes_) {
-        shards.emplace_back();
-        cur = 0;
-      }
-      shards.back().push_back(i);
-      cur += nb;
-      total += nb;
-    }
-    json weight_map = json::object();
-    const size_t n = shards.size();
-    for (size_t s = 0; s < n; ++s) {
-      std::string fname = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, n);
-      std::vector<safetensors::WriteTensor> ts;
-      for (size_t i : shards[s]) {
-        const at::Tensor& t = host[i];
-        ts.push_back({params_[i].first, st_name(t.scalar_type()), t.sizes().vec(), t.data_ptr(),
-                      static_cast<size_t>(t.numel()) * t.element_size()});
-        weight_map[params_[i].first] = fname;
-      }
-      safetensors::write_file((fs::path(dir) / fname).string(), ts, {{"format", "pt"}});
-    }
-    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    write_text((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2));
+    return c;
   }
 
-  double train_flops_per_token(const std::vector<int64_t>& seq_lens) const override {
-    // Section 7.2: dense matmuls + causal attention scores + chunked GDN core; x3 for training.
-    const double H = c_.hidden, Lf = c_.num_full(), Ll = c_.num_linear(), L = c_.layers;
-    const double n_mm = c_.vocab * H + Lf * H * (3.0 * c_.n_q * c_.d_h + 2.0 * c_.n_kv * c_.d_h) +
-                        Ll * H * (2.0 * c_.n_k * c_.d_k + 3.0 * c_.n_v * c_.d_v + 2.0 * c_.n_v) +
-                        L * 3.0 * H * c_.inter;
-    double tokens = 0, pairs = 0;
-    for (int64_t s : seq_lens) {
-      tokens += s;
-      pairs += 0.5 * static_cast<double>(s) * (s + 1);
-    }
-    const double s_bar = tokens > 0 ? pairs / tokens : 0.0;
-    const double C = 64;
-    const double f_att = Lf * 4.0 * c_.n_q * c_.d_h * s_bar;
-    const double f_gdn = Ll * c_.n_v *
-                         (2.0 * C * (3.0 * c_.d_k + 2.0 * c_.d_v) + 6.0 * c_.d_k * c_.d_v +
-                          (2.0 / 3.0) * C * C);
-    return 3.0 * (2.0 * n_mm + f_att + f_gdn);
-  }
-
-  ModelSummary summary() const override {
-    ModelSummary s;
-    s.family = "qwen3_5";
-    s.num_layers = c_.layers;
-    s.hidden_size = c_.hidden;
-    s.vocab_size = c_.vocab;
-    int64_t n = 0;
-    for (const auto& p : params_) n += p.second.numel();
-    if (params_.empty()) {
-      for (const auto& sp : param_specs()) {
-        int64_t e = 1;
-        for (int64_t d : sp.shape) e *= d;
-        n += e;
-      }
-    }
-    s.num_parameters = n;
-    s.description = fmt::format(
-        "Qwen3.5 hybrid, {} layers ({} GDN + {} attn), hidden {}, {} params, {} embeddings, from {}",
-        c_.layers, c_.num_linear(), c_.num_full(), c_.hidden, n, c_.tied ? "tied" : "untied",
-        dir_.empty() ? "preset " + preset_ : dir_);
-    return s;
-  }
-
- private:
   static void write_text(const std::string& path, const std::string& text) {
     std::ofstream out(path, std::ios::trunc);
     out << text << "\n";
@@ -587,11 +752,17 @@ class QwenModel final : public Model {
         s.push_back({p + "self_attn.o_proj.weight", {H, c_.n_q * c_.d_h}, Init::Normal, false});
         s.push_back({p + "self_attn.q_norm.weight", {c_.d_h}, Init::Zeros, false});
         s.push_back({p + "self_attn.k_norm.weight", {c_.d_h}, Init::Zeros, false});
+      } else if (c_.fused_gdn()) {
+        s.push_back({p + "linear_attn.in_proj_qkvz.weight", {c_.conv_dim() + c_.value_dim(), H},
+                     Init::Normal, false});
+        s.push_back({p + "linear_attn.in_proj_ba.weight", {2 * c_.n_v, H}, Init::Normal, false});
       } else {
         s.push_back({p + "linear_attn.in_proj_qkv.weight", {c_.conv_dim(), H}, Init::Normal, false});
         s.push_back({p + "linear_attn.in_proj_z.weight", {c_.value_dim(), H}, Init::Normal, false});
         s.push_back({p + "linear_attn.in_proj_b.weight", {c_.n_v, H}, Init::Normal, false});
         s.push_back({p + "linear_attn.in_proj_a.weight", {c_.n_v, H}, Init::Normal, false});
+      }
+      if (!c_.full[i]) {
         s.push_back({p + "linear_attn.conv1d.weight", {c_.conv_dim(), 1, c_.conv_k}, Init::Conv, false});
         s.push_back({p + "linear_attn.dt_bias", {c_.n_v}, Init::Ones, false});
         s.push_back({p + "linear_attn.A_log", {c_.n_v}, Init::ALog, true});
@@ -599,17 +770,31 @@ class QwenModel final : public Model {
         s.push_back({p + "linear_attn.out_proj.weight", {H, c_.value_dim()}, Init::Normal, false});
       }
       s.push_back({p + "post_attention_layernorm.weight", {H}, Init::Zeros, false});
-      s.push_back({p + "mlp.gate_proj.weight", {c_.inter, H}, Init::Normal, false});
-      s.push_back({p + "mlp.up_proj.weight", {c_.inter, H}, Init::Normal, false});
-      s.push_back({p + "mlp.down_proj.weight", {H, c_.inter}, Init::Normal, false});
+      if (c_.moe[i]) {
+        // See Note [Expert parameters].
+        const int64_t E = c_.experts, I = c_.moe_inter, S = c_.shared_inter;
+        s.push_back({p + "mlp.gate.weight", {E, H}, Init::Normal, false});
+        s.push_back({p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, Init::Normal, false});
+        s.push_back({p + "mlp.experts.down_proj", {E, H, I}, Init::Normal, false});
+        s.push_back({p + "mlp.shared_expert.gate_proj.weight", {S, H}, Init::Normal, false});
+        s.push_back({p + "mlp.shared_expert.up_proj.weight", {S, H}, Init::Normal, false});
+        s.push_back({p + "mlp.shared_expert.down_proj.weight", {H, S}, Init::Normal, false});
+        s.push_back({p + "mlp.shared_expert_gate.weight", {1, H}, Init::Normal, false});
+      } else {
+        s.push_back({p + "mlp.gate_proj.weight", {c_.inter, H}, Init::Normal, false});
+        s.push_back({p + "mlp.up_proj.weight", {c_.inter, H}, Init::Normal, false});
+        s.push_back({p + "mlp.down_proj.weight", {H, c_.inter}, Init::Normal, false});
+      }
     }
     s.push_back({"model.norm.weight", {H}, Init::Zeros, false});
     if (!c_.tied) s.push_back({"lm_head.weight", {c_.vocab, H}, Init::Normal, false});
     return s;
   }
 
+  // fp32 parameters stay fp32, or fp64 when the parameters are fp64 (the parity tests' mode).
   at::TensorOptions opts(const ParamSpec& sp) const {
-    return at::TensorOptions().device(place_.device).dtype(sp.fp32 ? at::kFloat : place_.param_dtype);
+    const auto keep = place_.param_dtype == at::kDouble ? at::kDouble : at::kFloat;
+    return at::TensorOptions().device(place_.device).dtype(sp.fp32 ? keep : place_.param_dtype);
   }
 
   void init_random(const std::vector<ParamSpec>& specs) {
@@ -639,34 +824,56 @@ class QwenModel final : public Model {
       e.add_context(fmt::format("while loading checkpoint {}", dir_));
       throw;
     }
-    std::string prefix = "model.";
+    prefix_ = "model.";
     for (const auto& kv : ck)
-      if (kv.first.rfind("model.language_model.", 0) == 0) prefix = "model.language_model.";
+      if (kv.first.rfind("model.language_model.", 0) == 0) prefix_ = "model.language_model.";
     std::set<std::string> used;
-    for (const auto& sp : specs) {
-      std::string key = sp.name.rfind("model.", 0) == 0 ? prefix + sp.name.substr(6) : sp.name;
+    // A checkpoint tensor as a CPU tensor in its own dtype (a view of the mmap when aligned).
+    auto read = [&](const std::string& key, const std::vector<int64_t>& shape) {
       auto it = ck.find(key);
       QRUN_CHECK(it != ck.end(), "checkpoint {}: tensor '{}' is missing (expected shape {})", dir_,
-                 key, sp.shape);
+                 key, shape);
       used.insert(key);
       const auto& info = *it->second.info;
       const std::string& file = it->second.file->map->path();
-      QRUN_CHECK(info.shape == sp.shape, "checkpoint {}: tensor '{}' has shape {} but the config "
-                 "implies {}", file, key, info.shape, sp.shape);
+      QRUN_CHECK(info.shape == shape, "checkpoint {}: tensor '{}' has shape {} but the config "
+                 "implies {}", file, key, info.shape, shape);
       bool ok = false;
       c10::ScalarType dt = st_dtype(info.dtype, ok);
       QRUN_CHECK(ok, "checkpoint {}: tensor '{}' has dtype {}, expected a floating dtype "
-                 "(F32, BF16, F16)", file, key, info.dtype);
+                 "(F32, BF16, F16, F64)", file, key, info.dtype);
       const uint8_t* ptr = it->second.file->tensor_data(info);
-      at::Tensor src;
       const size_t es = c10::elementSize(dt);
-      if (reinterpret_cast<uintptr_t>(ptr) % es == 0) {
-        src = at::from_blob(const_cast<uint8_t*>(ptr), sp.shape, at::TensorOptions().dtype(dt));
+      if (reinterpret_cast<uintptr_t>(ptr) % es == 0)
+        return at::from_blob(const_cast<uint8_t*>(ptr), shape, at::TensorOptions().dtype(dt));
+      at::Tensor src = at::empty(shape, at::TensorOptions().dtype(dt));
+      std::memcpy(src.data_ptr(), ptr, info.end - info.begin);
+      return src;
+    };
+    auto hub_key = [&](const std::string& name) {
+      return name.rfind("model.", 0) == 0 ? prefix_ + name.substr(6) : name;
+    };
+    for (const auto& sp : specs) {
+      at::Tensor t;
+      const bool gate_up = sp.name.ends_with(".mlp.experts.gate_up_proj");
+      if (gate_up || sp.name.ends_with(".mlp.experts.down_proj")) {
+        // See Note [Expert parameters]: one checkpoint tensor per expert and projection.
+        const std::string base = hub_key(sp.name.substr(0, sp.name.rfind('.') + 1));
+        const int64_t E = sp.shape[0];
+        t = at::empty(sp.shape, opts(sp));
+        at::NoGradGuard no_grad;
+        for (int64_t e = 0; e < E; ++e) {
+          if (gate_up) {
+            const int64_t I = sp.shape[1] / 2, H = sp.shape[2];
+            t[e].narrow(0, 0, I).copy_(read(fmt::format("{}{}.gate_proj.weight", base, e), {I, H}));
+            t[e].narrow(0, I, I).copy_(read(fmt::format("{}{}.up_proj.weight", base, e), {I, H}));
+          } else {
+            t[e].copy_(read(fmt::format("{}{}.down_proj.weight", base, e), {sp.shape[1], sp.shape[2]}));
+          }
+        }
       } else {
-        src = at::empty(sp.shape, at::TensorOptions().dtype(dt));
-        std::memcpy(src.data_ptr(), ptr, info.end - info.begin);
+        t = read(hub_key(sp.name), sp.shape).to(opts(sp), /*non_blocking=*/false, /*copy=*/true);
       }
-      at::Tensor t = src.to(opts(sp), /*non_blocking=*/false, /*copy=*/true);
       params_.emplace_back(sp.name, t.requires_grad_(true));
     }
     int64_t skipped_extra = 0, skipped_layers = 0;
@@ -678,6 +885,7 @@ class QwenModel final : public Model {
       std::smatch m;
       if (k.rfind("mtp.", 0) == 0 || k.rfind("model.visual.", 0) == 0 || k.rfind("visual.", 0) == 0) {
         ++skipped_extra;
+        passthrough_.push_back(kv.second);  // written back unchanged by save()
       } else if (std::regex_search(k, m, layer_re) && std::stoll(m[2]) >= c_.layers) {
         ++skipped_layers;
       } else if (k == "lm_head.weight" && c_.tied) {
@@ -687,7 +895,8 @@ class QwenModel final : public Model {
       }
     }
     if (skipped_extra > 0)
-      log_info("qwen: skipped {} mtp.* / visual.* tensors of {} (not part of the text model)",
+      log_info("qwen: skipped {} mtp.* / visual.* tensors of {} (not part of the text model; "
+               "save() writes them back unchanged)",
                skipped_extra, dir_);
     if (skipped_layers > 0)
       log_info("qwen: skipped {} tensors of layers >= {} (num_layers override)", skipped_layers,
@@ -715,9 +924,20 @@ class QwenModel final : public Model {
       L.full = c_.full[i];
       L.in_norm = get(p + "input_layernorm.weight");
       L.post_norm = get(p + "post_attention_layernorm.weight");
-      L.gate = get(p + "mlp.gate_proj.weight");
-      L.up = get(p + "mlp.up_proj.weight");
-      L.down = get(p + "mlp.down_proj.weight");
+      L.moe = c_.moe[i];
+      if (L.moe) {
+        L.router = get(p + "mlp.gate.weight");
+        L.ex_gate_up = get(p + "mlp.experts.gate_up_proj");
+        L.ex_down = get(p + "mlp.experts.down_proj");
+        L.sh_gate = get(p + "mlp.shared_expert.gate_proj.weight");
+        L.sh_up = get(p + "mlp.shared_expert.up_proj.weight");
+        L.sh_down = get(p + "mlp.shared_expert.down_proj.weight");
+        L.sh_gate_w = get(p + "mlp.shared_expert_gate.weight");
+      } else {
+        L.gate = get(p + "mlp.gate_proj.weight");
+        L.up = get(p + "mlp.up_proj.weight");
+        L.down = get(p + "mlp.down_proj.weight");
+      }
       if (L.full) {
         L.q_proj = get(p + "self_attn.q_proj.weight");
         L.k_proj = get(p + "self_attn.k_proj.weight");
@@ -726,10 +946,15 @@ class QwenModel final : public Model {
         L.q_norm = get(p + "self_attn.q_norm.weight");
         L.k_norm = get(p + "self_attn.k_norm.weight");
       } else {
-        L.qkv = get(p + "linear_attn.in_proj_qkv.weight");
-        L.z = get(p + "linear_attn.in_proj_z.weight");
-        L.b = get(p + "linear_attn.in_proj_b.weight");
-        L.a = get(p + "linear_attn.in_proj_a.weight");
+        if (c_.fused_gdn()) {
+          L.qkvz = get(p + "linear_attn.in_proj_qkvz.weight");
+          L.ba = get(p + "linear_attn.in_proj_ba.weight");
+        } else {
+          L.qkv = get(p + "linear_attn.in_proj_qkv.weight");
+          L.z = get(p + "linear_attn.in_proj_z.weight");
+          L.b = get(p + "linear_attn.in_proj_b.weight");
+          L.a = get(p + "linear_attn.in_proj_a.weight");
+        }
         L.conv = get(p + "linear_attn.conv1d.weight");
         L.dt_bias = get(p + "linear_attn.dt_bias");
         L.A_log = get(p + "linear_attn.A_log");
@@ -744,7 +969,39 @@ class QwenModel final : public Model {
     at::Tensor exponent = at::arange(0, rot, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
                           static_cast<double>(rot);
     inv_freq_ = (1.0 / at::pow(c_.rope_theta, exponent)).to(place_.device);
+    if (c_.fused_gdn()) {
+      // Section 2.5, Qwen3-Next layout: in_proj_qkvz rows are grouped per key head g as
+      // [q_g (d_k) | k_g (d_k) | v_g (r*d_v) | z_g (r*d_v)], in_proj_ba rows as [b_g (r) | a_g (r)];
+      // value head g*r + j is the j-th of group g. These row gathers turn the fused weights into the
+      // Qwen3.5 ones ([q | k | v] head-major, z, b, a), so both layouts share one forward. Gathering
+      // weight rows costs O(rows x H) per step, independent of the number of tokens.
+      const int64_t nk = c_.n_k, dk = c_.d_k, rv = (c_.n_v / c_.n_k) * c_.d_v, r = c_.n_v / c_.n_k;
+      const int64_t group = 2 * dk + 2 * rv;
+      std::vector<int64_t> qkv, z, b, a;
+      for (int part = 0; part < 3; ++part)
+        for (int64_t g = 0; g < nk; ++g) {
+          const int64_t off = part == 0 ? 0 : part == 1 ? dk : 2 * dk, len = part == 2 ? rv : dk;
+          for (int64_t j = 0; j < len; ++j) qkv.push_back(g * group + off + j);
+        }
+      for (int64_t g = 0; g < nk; ++g)
+        for (int64_t j = 0; j < rv; ++j) z.push_back(g * group + 2 * dk + rv + j);
+      for (int64_t g = 0; g < nk; ++g)
+        for (int64_t j = 0; j < r; ++j) {
+          b.push_back(g * 2 * r + j);
+          a.push_back(g * 2 * r + r + j);
+        }
+      auto idx = [&](const std::vector<int64_t>& v) {
+        return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(place_.device);
+      };
+      perm_qkv_ = idx(qkv);
+      perm_z_ = idx(z);
+      perm_b_ = idx(b);
+      perm_a_ = idx(a);
+    }
   }
+
+  // Accumulation dtype of softmaxes and RoPE angles: fp32, or fp64 when computing in fp64.
+  c10::ScalarType acc() const { return place_.compute_dtype == at::kDouble ? at::kDouble : at::kFloat; }
 
   // A weight in the compute dtype (a no-op when the parameter is stored in it).
   at::Tensor w(const at::Tensor& t) const {
@@ -784,11 +1041,24 @@ class QwenModel final : public Model {
 
   at::Tensor gated_delta_net(const Layer& L, const at::Tensor& h_in, const FwdCtx& ctx) const {
     at::Tensor h = ctx.pad_mask.defined() ? h_in * ctx.pad_mask : h_in;
-    at::Tensor qkv = at::linear(h, w(L.qkv));
-    at::Tensor z = at::linear(h, w(L.z)).view(lead_shape(h, {c_.n_v, c_.d_v}));
+    at::Tensor Wqkv, Wz, Wb, Wa;
+    if (c_.fused_gdn()) {
+      at::Tensor qkvz = w(L.qkvz), ba = w(L.ba);
+      Wqkv = qkvz.index_select(0, perm_qkv_);
+      Wz = qkvz.index_select(0, perm_z_);
+      Wb = ba.index_select(0, perm_b_);
+      Wa = ba.index_select(0, perm_a_);
+    } else {
+      Wqkv = w(L.qkv);
+      Wz = w(L.z);
+      Wb = w(L.b);
+      Wa = w(L.a);
+    }
+    at::Tensor qkv = at::linear(h, Wqkv);
+    at::Tensor z = at::linear(h, Wz).view(lead_shape(h, {c_.n_v, c_.d_v}));
     GatedDeltaInputs in;
-    in.b = at::linear(h, w(L.b));
-    in.a = at::linear(h, w(L.a));
+    in.b = at::linear(h, Wb);
+    in.a = at::linear(h, Wa);
     at::Tensor conv_w = w(L.conv).view({c_.conv_dim(), c_.conv_k});
     at::Tensor y = k_.conv1d->forward(qkv, conv_w, ctx.seq, Activation::SiLU);
     const int64_t kd = c_.key_dim();
@@ -809,9 +1079,48 @@ class QwenModel final : public Model {
     at::Tensor h = k_.ops->rms_norm(x, L.in_norm, c_.eps, true);
     at::Tensor r = x + (L.full ? attention(L, h, ctx) : gated_delta_net(L, h, ctx));
     h = k_.ops->rms_norm(r, L.post_norm, c_.eps, true);
+    if (L.moe) return r + sparse_moe(L, h);
     at::Tensor m = at::linear(k_.ops->swiglu(at::linear(h, w(L.gate)), at::linear(h, w(L.up))),
                               w(L.down));
     return r + m;
+  }
+
+  // Section 2.6, sparse MoE MLP: softmax router (in at least fp32) over E experts, the top-k
+  // probabilities (renormalised when norm_topk_prob), each token's k experts as SwiGLU MLPs
+  // weighted by them, plus the shared SwiGLU expert scaled by sigmoid(shared_expert_gate(x)).
+  // Plain tensor ops: the (token, slot) pairs are sorted by expert, each expert runs once on its
+  // tokens (index_select), and the weighted outputs are summed back with one index_add. Every
+  // token is routed, padding included (as transformers does); padding never reaches the loss.
+  at::Tensor sparse_moe(const Layer& L, const at::Tensor& h) const {
+    const int64_t H = c_.hidden, K = c_.top_k, E = c_.experts, I = c_.moe_inter;
+    at::Tensor x = h.reshape({-1, H});
+    at::Tensor shared = at::linear(
+        k_.ops->swiglu(at::linear(x, w(L.sh_gate)), at::linear(x, w(L.sh_up))), w(L.sh_down));
+    shared = shared * at::sigmoid(at::linear(x, w(L.sh_gate_w)));
+    at::Tensor probs = at::softmax(at::linear(x, w(L.router)).to(acc()), -1);
+    auto [top_w, top_i] = at::topk(probs, K, -1);
+    if (c_.norm_topk) top_w = top_w / top_w.sum(-1, true);
+    top_w = top_w.to(x.scalar_type());
+    at::Tensor flat_e = top_i.reshape({-1});
+    at::Tensor order = at::argsort(flat_e, /*stable=*/true, 0, false);
+    at::Tensor tok = order.div(K, "floor");
+    at::Tensor weight = top_w.reshape({-1}).index_select(0, order);
+    at::Tensor counts = at::bincount(flat_e, {}, E).to(at::kCPU);
+    const int64_t* cnt = counts.data_ptr<int64_t>();
+    // unbind (not indexing per expert): its backward stacks the expert gradients once.
+    std::vector<at::Tensor> gate_up = w(L.ex_gate_up).unbind(0), down = w(L.ex_down).unbind(0);
+    std::vector<at::Tensor> ys;
+    int64_t off = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (cnt[e] == 0) continue;
+      at::Tensor xs = x.index_select(0, tok.narrow(0, off, cnt[e]));
+      at::Tensor gu = at::linear(xs, gate_up[e]);
+      ys.push_back(at::linear(k_.ops->swiglu(gu.narrow(-1, 0, I), gu.narrow(-1, I, I)), down[e]));
+      off += cnt[e];
+    }
+    at::Tensor routed = at::zeros_like(x);
+    if (!ys.empty()) routed = routed.index_add(0, tok, at::cat(ys) * weight.unsqueeze(-1));
+    return (routed + shared).view(h.sizes());
   }
 
   // Target of token t = label of token t+1 of the same sample (batch.h); -100 elsewhere.
@@ -848,12 +1157,17 @@ class QwenModel final : public Model {
   ModelPlacement place_;
   std::vector<std::pair<std::string, at::Tensor>> params_;
   at::Tensor embed_, norm_, lm_head_, inv_freq_;
+  at::Tensor perm_qkv_, perm_z_, perm_b_, perm_a_;  // Qwen3-Next fused-layout row gathers (bind())
+  std::string prefix_ = "model.";                   // key prefix of the text model in the checkpoint
+  std::vector<CkptTensor> passthrough_;             // mtp.* / visual.* tensors save() copies through
   std::vector<Layer> layers_;
 };
 
 void register_all(Registrar& r) {
   Schema s{
       Field::path("path").doc("Hugging Face checkpoint directory or hub id (local cache, offline)"),
+      Field::string("revision", "main").doc(
+          "for a hub id: branch or tag (refs/ in the cache) or commit hash (snapshots/)"),
       Field::choice("preset", "none", {"none", "0.8b", "2b", "4b", "9b", "27b", "tiny", "demo"})
           .doc("published size with random initialisation, used when no path is given"),
       Field::integer("num_layers", 0).min(0).doc(
@@ -863,7 +1177,8 @@ void register_all(Registrar& r) {
       Field::integer("save_shard_bytes", int64_t{4} << 30).min(1).doc(
           "largest safetensors shard written by save()"),
   };
-  r.add<Model>("qwen", "Qwen3.5 hybrid text model (Gated DeltaNet + gated attention), HF checkpoints",
+  r.add<Model>("qwen", "Qwen3.5 / Qwen3.5-MoE / Qwen3-Next hybrid text models (Gated DeltaNet + "
+               "gated attention, dense or MoE MLP), HF checkpoints",
                s, [](const Config& c) { return std::make_unique<QwenModel>(c); });
 }
 

@@ -4,6 +4,7 @@
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <torch/csrc/autograd/autograd.h>
 
@@ -60,113 +61,166 @@ std::vector<Sample> random_samples(const std::vector<int64_t>& lens, int64_t voc
 }
 
 // ------------------------------------------------------------------------------------------
-// Parity with transformers (fixtures written by gen_fixtures.py, one sample at a time in HF).
+// Parity with transformers (fixtures written by gen_fixtures.py, one sample at a time in HF), in
+// fp32 and in fp64 (model, inputs and every accumulation in float64 on both sides).
+//
+// Tolerances (issue #3): logits relative error <= 1e-5, loss absolute error <= 1e-5, every
+// gradient relative error <= 1e-4. One exception, fp32 only: the fixture with transformers'
+// default decay initialisation (strong_decay, see gen_fixtures.py) has A_log / dt_bias gradients
+// that are near-zero sums of O(1) terms; there each is bounded by max(1e-4, 3 x its measured fp32
+// noise, i.e. transformers fp32 vs fp64). In fp64 that fixture, like every other, meets 1e-4 on
+// every tensor (measured ~1e-10), which shows the fp32 deviation is rounding, not a formula.
 
-class HfParity : public ::testing::TestWithParam<std::string> {};
+struct ParityCase {
+  const char* fixture;
+  bool fp64;
+};
+
+std::string parity_name(const ::testing::TestParamInfo<ParityCase>& i) {
+  return std::string(i.param.fixture) + (i.param.fp64 ? "_fp64" : "_fp32");
+}
+
+class HfParity : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(HfParity, PackedAndPaddedMatchTransformers) {
-  const std::string dir = fixture(GetParam());
+  const ParityCase pc = GetParam();
+  const std::string dir = fixture(pc.fixture);
   if (!fs::exists(dir + "/ref.safetensors")) GTEST_FAIL() << "missing fixture " << dir << " (run model_fixtures)";
   auto ref = load_safetensors(dir + "/ref.safetensors");
+  const std::string P = pc.fp64 ? "fp64." : "fp32.";
+  const bool strong_decay = ref.at("strong_decay").item<double>() > 0.5;
   Kernels k = reference_kernels();
-  auto m = make_model(model_config({{"path", dir + "/ckpt"}}), k);
+  auto m = registry().create<Model>("qwen", model_config({{"path", dir + "/ckpt"}}));
+  ModelPlacement place;
+  place.param_dtype = place.compute_dtype = pc.fp64 ? at::kDouble : at::kFloat;
+  m->build(k.view(), place);
   std::vector<Sample> samples;
   for (int i = 0; ref.count(fmt::format("input_ids.{}", i)); ++i)
     samples.push_back({ref[fmt::format("input_ids.{}", i)], ref[fmt::format("labels.{}", i)]});
   ASSERT_GE(samples.size(), 2u);
+  int64_t n_ref_grads = 0;
+  for (const auto& kv : ref) n_ref_grads += kv.first.rfind(P + "grad.", 0) == 0;
 
-  double worst_logit = 0, worst_grad = 0, loss_err = 0;
-  int over_1e4 = 0;
-  double worst_other = 0;
-  std::string worst_other_name;
+  double worst_logit = 0, worst_grad = 0, loss_err = 0, worst_decay = 0;
   std::string worst_grad_name;
   for (Layout layout : {Layout::Packed, Layout::Padded}) {
     zero_grads(*m);
     Batch b = layout == Layout::Packed ? packed_batch(samples) : padded_batch(samples);
     ModelOutput out = m->forward(b, /*return_logits=*/true);
     at::Tensor loss = out.loss_sum / static_cast<double>(out.loss_tokens);
-    loss_err = std::max(loss_err, abs_err(loss.reshape({1}), ref["loss"]));
-    EXPECT_LE(abs_err(loss.reshape({1}), ref["loss"]), 1e-5) << layout_name(layout);
+    const double le = abs_err(loss.reshape({1}), ref[P + "loss"]);
+    loss_err = std::max(loss_err, le);
+    EXPECT_LE(le, 1e-5) << layout_name(layout);
     for (size_t i = 0; i < samples.size(); ++i) {
       const int64_t L = samples[i].ids.size(0);
       at::Tensor lg = layout == Layout::Packed
                           ? out.logits.narrow(0, b.seq.cu_seqlens_host[i], L)
                           : out.logits[static_cast<int64_t>(i)].narrow(0, 0, L);
-      double e = rel_err(lg, ref[fmt::format("logits.{}", i)]);
+      double e = rel_err(lg, ref[fmt::format("{}logits.{}", P, i)]);
       worst_logit = std::max(worst_logit, e);
       EXPECT_LE(e, 1e-5) << layout_name(layout) << " sample " << i;
     }
     loss.backward();
-    int checked = 0;
+    int64_t checked = 0;
     for (auto& [name, p] : m->named_parameters()) {
-      auto it = ref.find("grad." + name);
+      auto it = ref.find(P + "grad." + name);
       ASSERT_TRUE(it != ref.end()) << "no reference gradient for " << name;
       ASSERT_TRUE(p.grad().defined()) << name;
-      double e = rel_err(p.grad(), it->second);
-      // The fp32 rounding noise transformers itself shows for this tensor (gen_fixtures.py):
-      // above 1e-4 only on the decay path (A_log, dt_bias, in_proj_a), whose gradients cancel.
-      double noise = ref.at("noise." + name).item<double>();
-      double tol = std::max(1e-4, 3 * noise);
-      if (e > worst_grad) {
+      EXPECT_EQ(p.grad().scalar_type(), pc.fp64 ? at::kDouble : at::kFloat) << name;
+      const double e = rel_err(p.grad(), it->second);
+      const bool decay = name.ends_with(".A_log") || name.ends_with(".dt_bias");
+      double tol = 1e-4;
+      if (!pc.fp64 && strong_decay && decay) {
+        const double noise = ref.at("noise." + name).item<double>();
+        tol = std::max(1e-4, 3 * noise);
+        worst_decay = std::max(worst_decay, e);
+      } else if (e > worst_grad) {
         worst_grad = e;
-        worst_grad_name = fmt::format("{}, HF fp32 noise {:.3g}", name, noise);
+        worst_grad_name = name;
       }
-      // The decay path: g = -exp(A_log) * softplus(a + dt_bias), a = in_proj_a(x).
-      const bool decay = name.ends_with(".A_log") || name.ends_with(".dt_bias") ||
-                         name.ends_with(".in_proj_a.weight");
-      if (e > 1e-4) {
-        ++over_1e4;
-        EXPECT_TRUE(decay) << name << ": only the decay path (A_log, dt_bias, in_proj_a) may exceed 1e-4";
-      }
-      if (!decay && e > worst_other) {
-        worst_other = e;
-        worst_other_name = name;
-      }
-      EXPECT_LE(e, tol) << layout_name(layout) << " grad " << name << " (HF fp32 noise " << noise << ")";
+      EXPECT_LE(e, tol) << layout_name(layout) << " grad " << name;
       ++checked;
     }
-    EXPECT_EQ(2 * checked, static_cast<int>(ref.size() - 1 - 3 * samples.size()));
+    EXPECT_EQ(checked, n_ref_grads) << "every parameter transformers has must be compared";
   }
-  std::printf("[parity %s] worst logits rel err %.3g, loss abs err %.3g, worst grad rel err %.3g (%s), "
-              "%d grads over 1e-4 (decay path only); worst other grad rel err %.3g (%s)\n",
-              GetParam().c_str(), worst_logit, loss_err, worst_grad, worst_grad_name.c_str(), over_1e4,
-              worst_other, worst_other_name.c_str());
+  std::printf("[parity %s %s] logits rel err %.3g, loss abs err %.3g, worst grad rel err %.3g (%s)%s\n",
+              pc.fixture, pc.fp64 ? "fp64" : "fp32", worst_logit, loss_err, worst_grad,
+              worst_grad_name.c_str(),
+              strong_decay && !pc.fp64 ? fmt::format("; A_log/dt_bias (noise-bounded) {:.3g}", worst_decay).c_str() : "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, HfParity,
-                         ::testing::Values("gqa2_r1_untied", "gqa4_r3_tied_vlm", "mha_r3_untied_vlm"));
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, HfParity,
+    ::testing::Values(ParityCase{"gqa2_r1_untied", false}, ParityCase{"gqa2_r1_untied", true},
+                      ParityCase{"gqa4_r3_tied_vlm", false}, ParityCase{"gqa4_r3_tied_vlm", true},
+                      ParityCase{"mha_r3_untied_vlm", false}, ParityCase{"mha_r3_untied_vlm", true},
+                      ParityCase{"next_r2_moe", false}, ParityCase{"next_r2_moe", true},
+                      ParityCase{"next_r1_step2_tied", false}, ParityCase{"next_r1_step2_tied", true},
+                      ParityCase{"moe35_r3_vlm", false}, ParityCase{"moe35_r3_vlm", true}),
+    parity_name);
 
 // ------------------------------------------------------------------------------------------
 // Round trip: qrun save -> transformers loads -> same logits; qrun reload -> same parameters.
 
+// Logits of `ids` from transformers loading `dir` as `expected_class` (hf_logits.py).
+at::Tensor hf_logits(const std::string& dir, const at::Tensor& ids, const std::string& expected_class) {
+  std::ofstream(dir + "/ids.txt") << fmt::format("{}", fmt::join(std::vector<int64_t>(
+      ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel()), " "));
+  std::string cmd = fmt::format("{} {}/hf_logits.py {} {}/ids.txt {}/hf_logits.safetensors {}",
+                                QRUN_PYTHON, QRUN_TEST_SRC_DIR, dir, dir, dir, expected_class);
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto hf = load_safetensors(dir + "/hf_logits.safetensors");
+  fs::remove(dir + "/ids.txt");
+  fs::remove(dir + "/hf_logits.safetensors");
+  return hf.at("logits");
+}
+
+// Every tensor of a checkpoint directory: name -> (dtype, shape, raw bytes).
+std::map<std::string, std::tuple<std::string, std::vector<int64_t>, std::string>> raw_tensors(const std::string& dir) {
+  std::map<std::string, std::tuple<std::string, std::vector<int64_t>, std::string>> out;
+  for (auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    auto f = safetensors::open(e.path().string());
+    for (const auto& t : f.header.tensors)
+      out[t.name] = {t.dtype, t.shape, std::string(reinterpret_cast<const char*>(f.tensor_data(t)), t.end - t.begin)};
+  }
+  return out;
+}
+
+nlohmann::json read_json(const std::string& file) {
+  std::ifstream in(file);
+  return nlohmann::json::parse(in);
+}
+
 TEST(QwenModel, SaveLoadsInTransformersWithSameLogits) {
   Kernels k = reference_kernels();
-  for (bool tied : {false, true}) {
-    std::string src = fixture(tied ? "gqa4_r3_tied_vlm" : "gqa2_r1_untied") + "/ckpt";
+  // Qwen3.5 (sharded source, untied) and Qwen3-Next (fused GDN, MoE experts split per expert on
+  // save, tied), both in the causal-LM layout.
+  for (std::string name : {"gqa2_r1_untied", "next_r1_step2_tied"}) {
+    const bool next = name.starts_with("next");
+    std::string src = fixture(name) + "/ckpt";
     auto m = make_model(model_config({{"path", src}, {"save_shard_bytes", int64_t{100000}}}), k);
     // Move the weights away from the fixture's values so the test sees what save() wrote.
     {
       at::NoGradGuard ng;
       for (auto& [n, p] : m->named_parameters()) p.add_(0.01);
     }
-    std::string out = std::string(QRUN_TEST_FIXTURE_DIR) + (tied ? "/roundtrip_tied" : "/roundtrip_untied");
+    std::string out = std::string(QRUN_TEST_FIXTURE_DIR) + "/roundtrip_" + name;
     fresh_dir(out);
     m->save(out);
     int shards = 0;
     for (auto& e : fs::directory_iterator(out)) shards += e.path().extension() == ".safetensors";
     EXPECT_GT(shards, 1);
+    // The same tensor names as the source checkpoint (per-expert keys for the MoE).
+    auto src_keys = raw_tensors(src), out_keys = raw_tensors(out);
+    std::vector<std::string> a, b;
+    for (auto& kv : src_keys) a.push_back(kv.first);
+    for (auto& kv : out_keys) b.push_back(kv.first);
+    EXPECT_EQ(a, b);
     auto s = random_samples({37}, 512, 5);
-    Batch b = packed_batch(s);
-    ModelOutput o = m->forward(b, true);
-    // transformers side.
-    std::ofstream(out + "/ids.txt") << fmt::format("{}", fmt::join(std::vector<int64_t>(
-        s[0].ids.data_ptr<int64_t>(), s[0].ids.data_ptr<int64_t>() + 37), " "));
-    std::string cmd = fmt::format("{} {}/hf_logits.py {} {}/ids.txt {}/hf_logits.safetensors",
-                                  QRUN_PYTHON, QRUN_TEST_SRC_DIR, out, out, out);
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    auto hf = load_safetensors(out + "/hf_logits.safetensors");
-    double e = rel_err(o.logits, hf["logits"]);
-    std::printf("[roundtrip %s] transformers logits rel err %.3g\n", tied ? "tied" : "untied", e);
+    ModelOutput o = m->forward(packed_batch(s), true);
+    double e = rel_err(o.logits, hf_logits(out, s[0].ids, next ? "Qwen3NextForCausalLM" : "Qwen3_5ForCausalLM"));
+    std::printf("[roundtrip %s] transformers logits rel err %.3g\n", name.c_str(), e);
     EXPECT_LE(e, 1e-5);
     // qrun reload.
     auto m2 = make_model(model_config({{"path", out}}), k);
@@ -179,12 +233,84 @@ TEST(QwenModel, SaveLoadsInTransformersWithSameLogits) {
   }
 }
 
+// Note [Save layout] in qwen_model.cpp: an image-text-to-text checkpoint saves as one.
+TEST(QwenModel, SaveKeepsTheImageTextLayout) {
+  Kernels k = reference_kernels();
+  const std::string src = fixture("vlm_full") + "/ckpt";
+  auto m = make_model(model_config({{"path", src}, {"save_shard_bytes", int64_t{200000}}}), k);
+  {
+    at::NoGradGuard ng;
+    for (auto& [n, p] : m->named_parameters()) p.add_(0.01);
+  }
+  const std::string out = std::string(QRUN_TEST_FIXTURE_DIR) + "/roundtrip_vlm_full";
+  fresh_dir(out);
+  m->save(out);
+  // The config is the source's, unchanged (nothing changed: same layers, same dtype).
+  EXPECT_EQ(read_json(out + "/config.json"), read_json(src + "/config.json"));
+  // Same tensor names; visual.* and mtp.* byte for byte; text weights moved.
+  auto a = raw_tensors(src), b = raw_tensors(out);
+  ASSERT_EQ(a.size(), b.size());
+  int copied = 0, moved = 0;
+  for (const auto& [name, t] : a) {
+    auto it = b.find(name);
+    ASSERT_TRUE(it != b.end()) << name << " missing from the saved checkpoint";
+    if (name.starts_with("model.visual.") || name.starts_with("mtp.")) {
+      EXPECT_TRUE(t == it->second) << name << " not copied byte for byte";
+      ++copied;
+    } else {
+      EXPECT_TRUE(name.starts_with("model.language_model.") || name == "lm_head.weight") << name;
+      moved += std::get<2>(t) != std::get<2>(it->second);
+    }
+  }
+  EXPECT_EQ(copied, 22);  // 21 visual tensors + mtp.fc.weight (gen_fixtures.py)
+  EXPECT_GT(moved, 0);
+  // transformers loads it as the original class and gives qrun's logits.
+  auto s = random_samples({29}, 512, 6);
+  ModelOutput o = m->forward(packed_batch(s), true);
+  double e = rel_err(o.logits, hf_logits(out, s[0].ids, "Qwen3_5ForConditionalGeneration"));
+  std::printf("[roundtrip vlm_full] Qwen3_5ForConditionalGeneration logits rel err %.3g, %d tensors copied through\n",
+              e, copied);
+  EXPECT_LE(e, 1e-5);
+
+  // A num_layers cut updates the config (and only that), and drops the cut layers' tensors.
+  auto cut = make_model(model_config({{"path", src}, {"num_layers", int64_t{2}}}), k);
+  const std::string out2 = std::string(QRUN_TEST_FIXTURE_DIR) + "/roundtrip_vlm_cut";
+  fresh_dir(out2);
+  cut->save(out2);
+  nlohmann::json want = read_json(src + "/config.json");
+  want["text_config"]["num_hidden_layers"] = 2;
+  want["text_config"]["layer_types"] = {"linear_attention", "linear_attention"};
+  EXPECT_EQ(read_json(out2 + "/config.json"), want);
+  auto c = raw_tensors(out2);
+  for (const auto& kv : c) EXPECT_EQ(kv.first.find("layers.2."), std::string::npos) << kv.first;
+  EXPECT_EQ(c.count("model.visual.patch_embed.proj.weight"), 1u);
+
+  // A preset-built model keeps the causal-LM layout.
+  auto p = make_model(model_config({{"preset", std::string("tiny")}}), k);
+  const std::string out3 = std::string(QRUN_TEST_FIXTURE_DIR) + "/save_preset";
+  fresh_dir(out3);
+  p->save(out3);
+  EXPECT_EQ(read_json(out3 + "/config.json")["architectures"][0], "Qwen3_5ForCausalLM");
+  for (const auto& kv : raw_tensors(out3))
+    EXPECT_TRUE(kv.first.starts_with("model.layers.") || kv.first.starts_with("model.embed_tokens") ||
+                kv.first == "model.norm.weight" || kv.first == "lm_head.weight") << kv.first;
+}
+
 // ------------------------------------------------------------------------------------------
 // Packed == each sample alone; padded == packed; activation checkpointing changes nothing.
 
-TEST(QwenModel, PackedEqualsUnpackedAndCheckpointing) {
+class PackedEqualsUnpacked : public ::testing::TestWithParam<std::string> {};
+
+// The preset (Qwen3.5 dense), Qwen3-Next (fused GDN + MoE) and Qwen3.5-MoE: a packed batch and a
+// padded batch equal each sample run alone; activation checkpointing changes nothing.
+TEST_P(PackedEqualsUnpacked, AndCheckpointing) {
+  const std::string src = GetParam();
   Kernels k = reference_kernels();
-  auto m = make_model(model_config({{"preset", std::string("tiny")}}), k, 3);
+  auto cfg = [&](const char* ac) {
+    return src == "tiny" ? model_config({{"preset", src}, {"activation_checkpointing", std::string(ac)}})
+                         : model_config({{"path", fixture(src) + "/ckpt"}, {"activation_checkpointing", std::string(ac)}});
+  };
+  auto m = make_model(cfg("none"), k, 3);
   auto samples = random_samples({1, 2, 3, 63, 64, 65, 200}, 512, 11);
   // Each sample alone: sum of loss sums, summed gradients.
   zero_grads(*m);
@@ -203,7 +329,7 @@ TEST(QwenModel, PackedEqualsUnpackedAndCheckpointing) {
     double worst = 0;
     for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, rel_err(g[i], g_alone[i]));
     EXPECT_LE(worst, 1e-4) << what;
-    std::printf("[%s] loss %.6f vs alone %.6f, worst grad rel err %.3g\n", what,
+    std::printf("[%s %s] loss %.6f vs alone %.6f, worst grad rel err %.3g\n", src.c_str(), what,
                 o.loss_sum.item<double>(), alone_loss, worst);
   };
   zero_grads(*m);
@@ -215,13 +341,15 @@ TEST(QwenModel, PackedEqualsUnpackedAndCheckpointing) {
   padded.loss_sum.backward();
   check("padded", padded, grads_of(*m));
 
-  // Activation checkpointing: same model weights (same seed), recompute in backward.
-  auto mac = make_model(model_config({{"preset", std::string("tiny")},
-                                      {"activation_checkpointing", std::string("full")}}), k, 3);
+  // Activation checkpointing: same model weights (same seed or checkpoint), recompute in backward.
+  auto mac = make_model(cfg("full"), k, 3);
   ModelOutput oac = mac->forward(packed_batch(samples));
   oac.loss_sum.backward();
   check("activation checkpointing", oac, grads_of(*mac));
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, PackedEqualsUnpacked,
+                         ::testing::Values("tiny", "next_r2_moe", "moe35_r3_vlm"));
 
 // ------------------------------------------------------------------------------------------
 // Bad checkpoints: each a UserError with the file and the tensor named.
@@ -302,7 +430,7 @@ TEST(QwenModel, BadCheckpointWrongDtype) {
   c.tensors[kA].first.dtype = "I32";
   write_ckpt(d + "/model.safetensors", c);
   EXPECT_EQ(build_error(d), fmt::format("checkpoint {}/model.safetensors: tensor '{}' has dtype I32, "
-                                        "expected a floating dtype (F32, BF16, F16)", d, kA));
+                                        "expected a floating dtype (F32, BF16, F16, F64)", d, kA));
 }
 
 TEST(QwenModel, BadCheckpointTruncated) {
@@ -334,7 +462,8 @@ TEST(QwenModel, BadConfigUnknownModelType) {
   std::string d = copy_fixture("model_type");
   std::ofstream(d + "/config.json", std::ios::trunc) << R"({"model_type": "llama", "hidden_size": 64})";
   EXPECT_EQ(build_error(d), fmt::format("config {}/config.json: unknown model_type 'llama'; the qwen "
-                                        "model supports qwen3_5 and qwen3_5_text", d));
+                                        "model supports qwen3_5, qwen3_5_text, qwen3_5_moe, "
+                                        "qwen3_5_moe_text and qwen3_next", d));
 }
 
 TEST(QwenModel, MissingModelSaysWhereItLooked) {
@@ -348,6 +477,77 @@ TEST(QwenModel, MissingModelSaysWhereItLooked) {
   unsetenv("HF_HUB_CACHE");
   EXPECT_NE(msg.find("looked in /nonexistent/hub"), std::string::npos) << msg;
   EXPECT_NE(msg.find("huggingface-cli download Qwen/Qwen3.5-0.8B"), std::string::npos) << msg;
+}
+
+// A Hugging Face hub cache as huggingface_hub lays it out: blobs/ holds the files, snapshots/<commit>/
+// symlinks into it, refs/<branch or tag> holds a commit hash.
+std::string make_hub_cache(const std::string& root, const std::string& repo,
+                           const std::vector<std::pair<std::string, std::string>>& snapshots,
+                           const std::map<std::string, std::string>& refs) {
+  fresh_dir(root);
+  const std::string d = root + "/models--" + repo.substr(0, repo.find('/')) + "--" + repo.substr(repo.find('/') + 1);
+  fs::create_directories(d + "/blobs");
+  fs::create_directories(d + "/refs");
+  for (const auto& [commit, src] : snapshots) {
+    fs::create_directories(d + "/snapshots/" + commit);
+    for (auto& e : fs::directory_iterator(src)) {
+      const std::string blob = commit + "-" + e.path().filename().string();  // stands in for the sha256
+      fs::copy_file(e.path(), d + "/blobs/" + blob);
+      fs::create_symlink("../../blobs/" + blob, d + "/snapshots/" + commit + "/" + e.path().filename().string());
+    }
+  }
+  for (const auto& [ref, commit] : refs) std::ofstream(d + "/refs/" + ref) << commit;  // no newline, as the hub writes it
+  return d;
+}
+
+TEST(QwenModel, LoadsAHubIdFromTheLocalCache) {
+  Kernels k = reference_kernels();
+  const std::string root = std::string(QRUN_TEST_FIXTURE_DIR) + "/hub_cache";
+  const std::string a = "0123456789abcdef0123456789abcdef01234567", b = "fedcba9876543210fedcba9876543210fedcba98";
+  const std::string repo_dir = make_hub_cache(root + "/hub", "test-org/tiny-qwen",
+                                              {{a, fixture("gqa2_r1_untied") + "/ckpt"},
+                                               {b, fixture("next_r1_step2_tied") + "/ckpt"}},
+                                              {{"main", a}, {"v1", b}});
+  auto direct = make_model(model_config({{"path", fixture("gqa2_r1_untied") + "/ckpt"}}), k);
+  auto load = [&](const std::string& rev) {
+    return make_model(model_config({{"path", std::string("test-org/tiny-qwen")}, {"revision", rev}}), k);
+  };
+  auto family = [](Model& m) { return m.summary().family; };
+  std::string msg;
+  {
+    setenv("HF_HUB_CACHE", (root + "/hub").c_str(), 1);
+    auto m = load("main");  // refs/main -> snapshot a
+    EXPECT_EQ(family(*m), "qwen3_5");
+    auto p1 = m->named_parameters(), p2 = direct->named_parameters();
+    ASSERT_EQ(p1.size(), p2.size());
+    for (size_t i = 0; i < p1.size(); ++i) EXPECT_TRUE(at::equal(p1[i].second, p2[i].second)) << p1[i].first;
+    EXPECT_EQ(family(*load("v1")), "qwen3_next");  // a tag under refs/
+    EXPECT_EQ(family(*load(b)), "qwen3_next");     // a commit hash
+    try {
+      load("nope");
+    } catch (const UserError& e) {
+      msg = e.message();
+    }
+    unsetenv("HF_HUB_CACHE");
+  }
+  EXPECT_EQ(msg, fmt::format("model 'test-org/tiny-qwen' is in the Hugging Face cache ({}) but revision "
+                             "'nope' is not: no refs/nope and no snapshot of that name (snapshots: {}, {}); "
+                             "download it with `huggingface-cli download test-org/tiny-qwen --revision "
+                             "nope` or set model.revision", repo_dir, a, b));
+  // HF_HOME: the cache is HF_HOME/hub.
+  setenv("HF_HOME", root.c_str(), 1);
+  EXPECT_EQ(family(*load("main")), "qwen3_5");
+  // A ref naming a snapshot that is not there (an interrupted download).
+  std::ofstream(repo_dir + "/refs/main", std::ios::trunc) << "00000000000000000000000000000000deadbeef";
+  msg.clear();
+  try {
+    load("main");
+  } catch (const UserError& e) {
+    msg = e.message();
+  }
+  unsetenv("HF_HOME");
+  EXPECT_NE(msg.find("refs/main names commit 00000000000000000000000000000000deadbeef but"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("is missing (an interrupted download?"), std::string::npos) << msg;
 }
 
 TEST(QwenModel, MissingKernelNamesTheRecipeKey) {
@@ -389,6 +589,23 @@ TEST(QwenModel, PresetFlopsAndParameterCounts) {
     double g = m->train_flops_per_token({8192}) / 1e9;
     EXPECT_NEAR(g, r.gflops, 0.006) << r.preset;
     if (r.params) EXPECT_EQ(m->summary().num_parameters, r.params) << r.preset;
+  }
+  // Qwen3-Next-80B-A3B (spec section 1.3 / 7.2): 79.67B parameters, 24.42 GFLOP/token counting
+  // the router, the 10 active experts and the shared expert only.
+  {
+    const std::string d = std::string(QRUN_TEST_FIXTURE_DIR) + "/next80b_config";
+    fresh_dir(d);
+    std::ofstream(d + "/config.json") << R"({"model_type": "qwen3_next", "hidden_size": 2048,
+      "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+      "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+      "linear_value_head_dim": 128, "intermediate_size": 5120, "vocab_size": 151936,
+      "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+      "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1, "mlp_only_layers": [],
+      "norm_topk_prob": true, "tie_word_embeddings": false})";
+    auto m = registry().create<Model>("qwen", model_config({{"path", d}}));
+    EXPECT_NEAR(m->train_flops_per_token({8192}) / 1e9, 24.42, 0.006);
+    EXPECT_EQ(m->summary().num_parameters, 79674391296);
+    EXPECT_EQ(m->summary().family, "qwen3_next");
   }
   auto cut = registry().create<Model>("qwen", model_config({{"preset", std::string("27b")},
                                                             {"num_layers", int64_t{8}}}));

@@ -60,6 +60,7 @@ inline Config model_config(std::map<std::string, Value> v) {
   std::map<std::string, Value> d = {{"preset", std::string("none")},
                                     {"num_layers", int64_t{0}},
                                     {"activation_checkpointing", std::string("none")},
+                                    {"revision", std::string("main")},
                                     {"save_shard_bytes", int64_t{4} << 30}};
   for (auto& kv : v) d[kv.first] = kv.second;
   return Config("model", d);
@@ -131,6 +132,7 @@ inline std::map<std::string, at::Tensor> load_safetensors(const std::string& pat
   std::map<std::string, at::Tensor> out;
   for (const auto& t : f.header.tensors) {
     c10::ScalarType dt = t.dtype == "F32" ? at::kFloat
+                         : t.dtype == "F64" ? at::kDouble
                          : t.dtype == "I64" ? at::kLong
                          : t.dtype == "BF16" ? at::kBFloat16
                                              : at::kInt;
