@@ -24,6 +24,7 @@ __global__ void gdn_dh_kernel(KParams p);
 __global__ void gdn_state_dh_kernel(KParams p, int64_t nstate);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
 size_t seq_smem_bytes();
+size_t prep_smem_bytes();
 size_t bwd_smem_bytes();
 __global__ void gdn_group_reduce_kernel(KParams p);
 __global__ void gdn_param_reduce_kernel(KParams p);
@@ -32,7 +33,6 @@ __global__ void gdn_param_reduce_kernel(KParams p);
 namespace {
 using namespace detail;
 
-constexpr size_t kPrepSmem = (2 * C * LDK + 2 * C * LDC + 3 * 256 + 2 * C) * sizeof(float);
 
 [[noreturn]] void fail(const std::string& m) { throw std::runtime_error("qrun::gdn: " + m); }
 
@@ -43,7 +43,7 @@ void check_cuda(cudaError_t e, const char* what) {
 size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
 
 struct Layout {
-  size_t rq, rk, gam, bet, Tm, Tp, Pp, hs, dhs, Dl, dDl, dqh, dkh, part, total_fwd, total_bwd;
+  size_t rq, rk, gam, bet, Tp, Pp, hs, dhs, Dl, dDl, dqh, dkh, part, total_fwd, total_bwd;
 };
 
 Layout layout(const GdnProblem& p) {
@@ -56,7 +56,6 @@ Layout layout(const GdnProblem& p) {
   l.rk = take(T * H * f);
   l.gam = take(T * HV * f);
   l.bet = take(T * HV * f);
-  l.Tm = take(NT * HV * C * C * f);
   l.Tp = take(NT * HV * 2 * C * C * sizeof(uint16_t));
   l.Pp = take(NT * HV * 2 * C * C * sizeof(uint16_t));
   l.total_fwd = off;
@@ -101,7 +100,6 @@ KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
   k.rk = reinterpret_cast<float*>(w + l.rk);
   k.gam = reinterpret_cast<float*>(w + l.gam);
   k.bet = reinterpret_cast<float*>(w + l.bet);
-  k.Tm = reinterpret_cast<float*>(w + l.Tm);
   k.Tp = reinterpret_cast<__nv_bfloat16*>(w + l.Tp);
   k.Pp = reinterpret_cast<__nv_bfloat16*>(w + l.Pp);
   if (bwd) {
@@ -170,8 +168,8 @@ void launch_common_fwd(const KParams& k, const GdnProblem& p, cudaStream_t s, Pr
     pr.mark("l2norm_rstd");
   }
   if (p.num_chunks > 0) {
-    set_smem(gdn_prep_kernel, kPrepSmem, 0);
-    gdn_prep_kernel<<<grid1d(p.num_chunks * p.HV, "prep"), 256, kPrepSmem, s>>>(k);
+    set_smem(gdn_prep_kernel, prep_smem_bytes(), 0);
+    gdn_prep_kernel<<<grid1d(p.num_chunks * p.HV, "prep"), 256, prep_smem_bytes(), s>>>(k);
     check_launch("gdn_prep_kernel");
     pr.mark("prep");
   }

@@ -23,7 +23,7 @@ constexpr int kPostF = C * LDW + 2 * C * LDC;  // post-loop view (floats): dW pl
 // the post-loop view must leave the T planes (end of the V-loop view) intact
 static_assert(2 * kPostF <= 4 * SPL + 6 * CPL, "post-loop view overlaps the T planes");
 constexpr int kUnion = (kVloopEl / 2 > kPostF) ? kVloopEl / 2 : kPostF;
-constexpr int kBwdSmemF = 2 * (C * LDKB / 2) + 2 * C + 4 * C * LDC + kUnion + 18 * C + 8;
+constexpr int kBwdSmemF = 2 * (C * LDKB / 2) + 2 * C + 3 * C * LDC + 2 * (C * C) + kUnion + 18 * C + 8;
 
 size_t bwd_smem_bytes() { return (size_t)kBwdSmemF * sizeof(float); }
 
@@ -36,11 +36,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   __nv_bfloat16* Qb = Kb + C * LDKB;
   float* rsK = reinterpret_cast<float*>(Qb + C * LDKB);
   float* rsQ = rsK + C;
-  float* Ts = rsQ + C;           // [C][LDC]
-  float* KKs = Ts + C * LDC;
+  float* KKs = rsQ + C;          // [C][LDC]
   float* Pgs = KKs + C * LDC;
   float* dTs = Pgs + C * LDC;
-  float* U = dTs + C * LDC;      // union
+  // [2][64][64] swizzled bf16 hi/lo plane pairs of the WY part: Pg diag(rsK), then M1;
+  // diag(rsQ) Pg, then Gsym diag(rsK)
+  __nv_bfloat16* XpA = reinterpret_cast<__nv_bfloat16*>(dTs + C * LDC);
+  __nv_bfloat16* XpB = XpA + 2 * C * C;
+  float* U = reinterpret_cast<float*>(XpB + 2 * C * C);  // union
   // V-loop view of the union
   __nv_bfloat16* S0p = reinterpret_cast<__nv_bfloat16*>(U);
   __nv_bfloat16* dSp = S0p + 2 * SPL;
@@ -51,7 +54,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   __nv_bfloat16* Tpb = Vb + CPL;
   // post-loop view
   __nv_bfloat16* dWp = reinterpret_cast<__nv_bfloat16*>(U);  // [2][C][LDW] hi/lo planes of dW
-  float* M1s = U + C * LDW;      // [C][LDC]
+  float* M1s = U + C * LDW;      // [C][LDC] (holds the dT planes)
+  __nv_bfloat16* dTp = reinterpret_cast<__nv_bfloat16*>(M1s);
   float* Gs = M1s + C * LDC;     // [C][LDC]
   float* gam = U + kUnion;
   float* bet = gam + C;
@@ -105,7 +109,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   auto Qn = [&](int r, int cc) { return __bfloat162float(Qb[r * LDKB + cc]) * rsQ[r]; };
   auto Kr = [&](int r, int cc) { return __bfloat162float(Kb[r * LDKB + cc]); };
   auto Qr = [&](int r, int cc) { return __bfloat162float(Qb[r * LDKB + cc]); };
-  load_tile_f32<C, C, kBwdThreads>(Ts, LDC, p.Tm + (c * p.HV + hv) * (int64_t)(C * C), C, C);
   if (tid < C) {
     const int r = tid < L ? tid : L - 1;
     gam[tid] = p.gam[(t0 + r) * p.HV + hv];
@@ -288,11 +291,29 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     x = r < L ? expf(gl - gam[r]) * x : 0.f;
   });
   __syncthreads();  // union free now
-  for_frag(aPD, [&](int r, int j, float& x) {
-    r += 16 * wr;
-    j += 16 * wc;
-    Pgs[r * LDC + j] = (r >= j && r < L) ? p.scale * x * expf(gam[r] - gam[j]) : 0.f;
-  });
+  // Pg = s (dO Delta^T) .* Gamma (lower incl. diagonal, valid rows): fp32 for the dgamma sums, and
+  // bf16 planes of Pg diag(rsK) (A of Pg K) and diag(rsQ) Pg (A^T of Pg^T Q)
+#pragma unroll
+  for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * wr + gq + 8 * hh, j = 16 * wc + nn * 8 + 2 * tq;
+      float v[2];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int jj = j + u;
+        v[u] = (r >= jj && r < L) ? p.scale * aPD[nn][2 * hh + u] * expf(gam[r] - gam[jj]) : 0.f;
+        Pgs[r * LDC + jj] = v[u];
+      }
+      const int o = swz_el<C>(r, j);
+      uint32_t hi, lo;
+      split2(v[0] * rsK[j], v[1] * rsK[j + 1], hi, lo);
+      *reinterpret_cast<uint32_t*>(XpA + o) = hi;
+      *reinterpret_cast<uint32_t*>(XpA + C * C + o) = lo;
+      split2(v[0] * rsQ[r], v[1] * rsQ[r], hi, lo);
+      *reinterpret_cast<uint32_t*>(XpB + o) = hi;
+      *reinterpret_cast<uint32_t*>(XpB + C * C + o) = lo;
+    }
   for_frag(aT, [&](int r, int j, float& x) {
     r += 16 * wr;
     j += 16 * wc;
@@ -349,17 +370,47 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     }
   }
   // dQ += Pg K (final for this value head)
-  // (the l2norm scale of K is folded into A so that B is the exact raw bf16 K: 2 MMAs, not 3)
-  warp_mma<4, C, false, true>(aQ, [&](int m, int k) { return Pgs[(16 * wr + m) * LDC + k] * rsK[k]; },
-                              [&](int k, int nn) { return Kr(k, 32 * wc + nn); });
+  // (the l2norm scale of K is folded into A so that B is the exact raw bf16 K: 2 MMAs)
+#pragma unroll
+  for (int k0 = 0; k0 < C; k0 += 16) {
+    uint32_t ah[4], al[4];
+    const int ao = a_off_sw<C>(16 * wr, k0, lane);
+    ldsm_x4(ah, XpA + ao);
+    ldsm_x4(al, XpA + C * C + ao);
+#pragma unroll
+    for (int nh = 0; nh < 2; ++nh) {
+      uint32_t b[4];
+      ldsm_x4_t(b, Kb + b_off(LDKB, k0, 32 * wc + 16 * nh, lane));
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        mma_bf16(aQ[2 * nh + t], al, b[2 * t], b[2 * t + 1]);
+        mma_bf16(aQ[2 * nh + t], ah, b[2 * t], b[2 * t + 1]);
+      }
+    }
+  }
   for_frag(aQ, [&](int r, int j, float& x) {
     r += 16 * wr;
     j += 32 * wc;
     if (r < L) p.dqh[((t0 + r) * p.HV + hv) * DK + j] = x;
   });
   // dK_direct = dK_state + Pg^T Q
-  warp_mma<4, C, false, true>(aKs, [&](int m, int k) { return Pgs[k * LDC + 16 * wr + m] * rsQ[k]; },
-                              [&](int k, int nn) { return Qr(k, 32 * wc + nn); });
+#pragma unroll
+  for (int k0 = 0; k0 < C; k0 += 16) {
+    uint32_t ah[4], al[4];
+    const int ao = at_off_sw<C>(16 * wr, k0, lane);
+    ldsm_x4_t(ah, XpB + ao);
+    ldsm_x4_t(al, XpB + C * C + ao);
+#pragma unroll
+    for (int nh = 0; nh < 2; ++nh) {
+      uint32_t b[4];
+      ldsm_x4_t(b, Qb + b_off(LDKB, k0, 32 * wc + 16 * nh, lane));
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        mma_bf16(aKs[2 * nh + t], al, b[2 * t], b[2 * t + 1]);
+        mma_bf16(aKs[2 * nh + t], ah, b[2 * t], b[2 * t + 1]);
+      }
+    }
+  }
   // dT += dW (diag(beta e^gam) K)^T, masked to strictly lower valid
   {
     float acc[2][4];
@@ -378,12 +429,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
         mma_bf16(acc[t], ah, b[2 * t], b[2 * t + 1]);
       }
     }
-    for_frag(acc, [&](int r, int j, float& x) {
-      r += 16 * wr;
-      j += 16 * wc;
-      const float v = dTs[r * LDC + j] + bet[j] * expf(gam[j]) * rsK[j] * x;
-      dTs[r * LDC + j] = (r > j && r < L) ? v : 0.f;
-    });
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * wr + gq + 8 * hh, j = 16 * wc + nn * 8 + 2 * tq;
+        float v[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int jj = j + u;
+          const float x = dTs[r * LDC + jj] + bet[jj] * expf(gam[jj]) * rsK[jj] * acc[nn][2 * hh + u];
+          v[u] = (r > jj && r < L) ? x : 0.f;
+        }
+        const int o = swz_el<C>(r, j);  // dT planes (A of M1 = dT T^T)
+        uint32_t hi, lo;
+        split2(v[0], v[1], hi, lo);
+        *reinterpret_cast<uint32_t*>(dTp + o) = hi;
+        *reinterpret_cast<uint32_t*>(dTp + C * C + o) = lo;
+      }
   }
   {  // TtdW = T^T dW: dK += diag(beta e^gam) TtdW ; row dot with K
     float acc[4][4];
@@ -438,16 +501,54 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   {
     float acc[2][4];
     zero_acc(acc);
-    warp_mma<2, C>(acc, [&](int m, int k) { return dTs[(16 * wr + m) * LDC + k]; },
-                   [&](int k, int nn) { return Ts[(16 * wc + nn) * LDC + k]; });
-    for_frag(acc, [&](int r, int j, float& x) { M1s[(16 * wr + r) * LDC + 16 * wc + j] = x; });
+    // A = dT planes, B = T^T (B[k][n] = T[n][k]: T planes, non-transposed loads)
+#pragma unroll
+    for (int k0 = 0; k0 < C; k0 += 16) {
+      uint32_t ah[4], al[4], bh[4], bl[4];
+      const int ao = a_off_sw<C>(16 * wr, k0, lane), bo = bn_off_sw<C>(k0, 16 * wc, lane);
+      ldsm_x4(ah, dTp + ao);
+      ldsm_x4(al, dTp + C * C + ao);
+      ldsm_x4(bh, Tpb + bo);
+      ldsm_x4(bl, Tpb + C * C + bo);
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        mma_bf16(acc[t], al, bh[2 * t], bh[2 * t + 1]);
+        mma_bf16(acc[t], ah, bl[2 * t], bl[2 * t + 1]);
+        mma_bf16(acc[t], ah, bh[2 * t], bh[2 * t + 1]);
+      }
+    }
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn)  // M1 planes (B of Ghat) in XpA (Pg K is long done)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * wr + gq + 8 * hh, j = 16 * wc + nn * 8 + 2 * tq;
+        const int o = swz_el<C>(r, j);
+        uint32_t hi, lo;
+        split2(acc[nn][2 * hh], acc[nn][2 * hh + 1], hi, lo);
+        *reinterpret_cast<uint32_t*>(XpA + o) = hi;
+        *reinterpret_cast<uint32_t*>(XpA + C * C + o) = lo;
+      }
   }
   __syncthreads();
   {  // Ghat = -(T^T M1) .* Gamma, strictly lower valid
     float acc[2][4];
     zero_acc(acc);
-    warp_mma<2, C>(acc, [&](int m, int k) { return Ts[k * LDC + 16 * wr + m]; },
-                   [&](int k, int nn) { return M1s[k * LDC + 16 * wc + nn]; });
+    // A = T^T (transposed loads of the T planes), B = M1 planes [k][n]
+#pragma unroll
+    for (int k0 = 0; k0 < C; k0 += 16) {
+      uint32_t ah[4], al[4], bh[4], bl[4];
+      const int ao = at_off_sw<C>(16 * wr, k0, lane), bo = b_off_sw<C>(k0, 16 * wc, lane);
+      ldsm_x4_t(ah, Tpb + ao);
+      ldsm_x4_t(al, Tpb + C * C + ao);
+      ldsm_x4_t(bh, XpA + bo);
+      ldsm_x4_t(bl, XpA + C * C + bo);
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        mma_bf16(acc[t], al, bh[2 * t], bh[2 * t + 1]);
+        mma_bf16(acc[t], ah, bl[2 * t], bl[2 * t + 1]);
+        mma_bf16(acc[t], ah, bh[2 * t], bh[2 * t + 1]);
+      }
+    }
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr;
       j += 16 * wc;
@@ -472,14 +573,35 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
       dgam[r] += bet[r] * sb - sc;
     }
   }
-  // Gsym = diag(beta) G + G^T diag(beta)  -> M1s
-  for (int i = tid; i < C * C; i += blockDim.x) {
-    const int r = i >> 6, j = i & 63;
-    M1s[r * LDC + j] = bet[r] * Gs[r * LDC + j] + bet[j] * Gs[j * LDC + r];
+  // Gsym diag(rsK) = (diag(beta) G + G^T diag(beta)) diag(rsK) -> bf16 planes in XpB
+  for (int i = tid; i < C * C / 2; i += blockDim.x) {
+    const int r = i >> 5, j = (i & 31) * 2;
+    const float g0 = (bet[r] * Gs[r * LDC + j] + bet[j] * Gs[j * LDC + r]) * rsK[j];
+    const float g1 = (bet[r] * Gs[r * LDC + j + 1] + bet[j + 1] * Gs[(j + 1) * LDC + r]) * rsK[j + 1];
+    const int o = swz_el<C>(r, j);
+    uint32_t hi, lo;
+    split2(g0, g1, hi, lo);
+    *reinterpret_cast<uint32_t*>(XpB + o) = hi;
+    *reinterpret_cast<uint32_t*>(XpB + C * C + o) = lo;
   }
   __syncthreads();
-  warp_mma<4, C, false, true>(aKs, [&](int m, int k) { return M1s[(16 * wr + m) * LDC + k] * rsK[k]; },
-                              [&](int k, int nn) { return Kr(k, 32 * wc + nn); });
+#pragma unroll
+  for (int k0 = 0; k0 < C; k0 += 16) {
+    uint32_t ah[4], al[4];
+    const int ao = a_off_sw<C>(16 * wr, k0, lane);
+    ldsm_x4(ah, XpB + ao);
+    ldsm_x4(al, XpB + C * C + ao);
+#pragma unroll
+    for (int nh = 0; nh < 2; ++nh) {
+      uint32_t b[4];
+      ldsm_x4_t(b, Kb + b_off(LDKB, k0, 32 * wc + 16 * nh, lane));
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        mma_bf16(aKs[2 * nh + t], al, b[2 * t], b[2 * t + 1]);
+        mma_bf16(aKs[2 * nh + t], ah, b[2 * t], b[2 * t + 1]);
+      }
+    }
+  }
   for_frag(aKs, [&](int r, int j, float& x) {
     r += 16 * wr;
     j += 32 * wc;

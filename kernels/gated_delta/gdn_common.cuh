@@ -1,5 +1,5 @@
 // Shared device helpers for the gated delta kernels: 3xTF32 warp MMA on shared-memory operands,
-// fragment iteration, loads of bf16/fp32 scalars.
+// fragment iteration, loads/stores of bf16/fp32 scalars. (bf16 tensor-core helpers: gdn_mma16.cuh)
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -139,84 +139,6 @@ __device__ __forceinline__ void st_any(void* p, int dtype, int64_t i, float v) {
     static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
   else
     static_cast<float*>(p)[i] = v;
-}
-
-// Tile loaders. All loads of a tile are issued before any is used (one memory latency per tile
-// instead of one per element). Rows >= L are zero-filled.
-//
-// bf16 [64 x W] tile: row r at src + r*row_stride (elements), scaled by rowscale[r*rs_stride] when
-// rowscale != nullptr. vec: 16-byte loads (caller checked 16-byte alignment of src and of
-// row_stride*2); otherwise scalar loads.
-template <int W, int NTHR>
-__device__ __forceinline__ void load_tile_bf16(float* dst, int ld, const void* srcv,
-                                               int64_t row_stride, int L, const float* rowscale,
-                                               int64_t rs_stride, bool vec) {
-  const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(srcv);
-  constexpr int VPR = W / 8;
-  constexpr int NV = C * VPR;
-  constexpr int PER = (NV + NTHR - 1) / NTHR;
-  if (vec) {
-    uint4 buf[PER];
-    float sc[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      const int v = threadIdx.x + i * NTHR, r = v / VPR, c8 = v % VPR;
-      buf[i] = make_uint4(0u, 0u, 0u, 0u);
-      sc[i] = 1.f;
-      if (v < NV && r < L) {
-        buf[i] = __ldg(reinterpret_cast<const uint4*>(src + r * row_stride + c8 * 8));
-        if (rowscale) sc[i] = rowscale[r * rs_stride];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      const int v = threadIdx.x + i * NTHR, r = v / VPR, c8 = v % VPR;
-      if (v < NV) {
-        const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&buf[i]);
-        float* d = dst + r * ld + c8 * 8;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __bfloat1622float2(h2[j]);
-          d[2 * j] = f.x * sc[i];
-          d[2 * j + 1] = f.y * sc[i];
-        }
-      }
-    }
-  } else {
-    for (int i = threadIdx.x; i < C * W; i += NTHR) {
-      const int r = i / W, c = i % W;
-      float x = 0.f;
-      if (r < L) {
-        x = __bfloat162float(src[r * row_stride + c]);
-        if (rowscale) x *= rowscale[r * rs_stride];
-      }
-      dst[r * ld + c] = x;
-    }
-  }
-}
-
-// fp32 [R x W] tile (16-byte aligned rows): row r at src + r*row_stride; rows >= L zero-filled.
-template <int R, int W, int NTHR>
-__device__ __forceinline__ void load_tile_f32(float* dst, int ld, const float* src,
-                                              int64_t row_stride, int L) {
-  constexpr int VPR = W / 4;
-  constexpr int NV = R * VPR;
-  constexpr int PER = (NV + NTHR - 1) / NTHR;
-  float4 buf[PER];
-#pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int v = threadIdx.x + i * NTHR, r = v / VPR, c4 = v % VPR;
-    buf[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (v < NV && r < L) buf[i] = __ldg(reinterpret_cast<const float4*>(src + r * row_stride + c4 * 4));
-  }
-#pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int v = threadIdx.x + i * NTHR, r = v / VPR, c4 = v % VPR;
-    if (v < NV) {
-      float* d = dst + r * ld + c4 * 4;
-      d[0] = buf[i].x; d[1] = buf[i].y; d[2] = buf[i].z; d[3] = buf[i].w;
-    }
-  }
 }
 
 }  // namespace qrun::gdn::detail

@@ -5,6 +5,7 @@
 // (the sequential gdn_state_kernel is in gdn_seq.cu)
 #include "gdn_common.cuh"
 #include "gdn_kernels.cuh"
+#include "gdn_mma16.cuh"
 
 namespace qrun::gdn::detail {
 
@@ -39,12 +40,16 @@ __global__ void gdn_l2norm_rstd_kernel(KParams p) {
 }
 
 constexpr int kPrepThreads = 256;
+constexpr int LDKB = DK + 8;  // raw bf16 q/k row stride
+
+// raw bf16 q/k (exact operands) instead of fp32 copies: 72 KB, so three blocks fit per SM
+size_t prep_smem_bytes() { return (size_t)2 * C * LDKB * 2 + (2 * C * LDC + 3 * 256 + 2 * C) * sizeof(float); }
 
 __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
-  extern __shared__ float sm[];
-  float* Ks = sm;
-  float* Qs = Ks + C * LDK;
-  float* As = Qs + C * LDK;
+  extern __shared__ __align__(16) float sm[];
+  __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][LDKB] raw
+  __nv_bfloat16* Qb = Kb + C * LDKB;
+  float* As = reinterpret_cast<float*>(Qb + C * LDKB);
   float* Ts = As + C * LDC;
   float* scr = Ts + C * LDC;  // 768
   float* gam = scr + 3 * 256;
@@ -79,20 +84,46 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
   // raw q/k (exact in TF32, so KK^T and QK^T need one MMA each); l2norm scales applied after
   float* rsK = scr;
   float* rsQ = scr + C;
-  load_tile_bf16<DK, kPrepThreads>(Ks, LDK, bf16_at(p.k, t0 * p.k_st + (int64_t)h * p.k_sh), p.k_st, L,
-                                   nullptr, 0, p.vec_k);
-  load_tile_bf16<DK, kPrepThreads>(Qs, LDK, bf16_at(p.q, t0 * p.q_st + (int64_t)h * p.q_sh), p.q_st, L,
-                                   nullptr, 0, p.vec_q);
+  {
+    const __nv_bfloat16* kbase = bf16_at(p.k, t0 * p.k_st + (int64_t)h * p.k_sh);
+    const __nv_bfloat16* qbase = bf16_at(p.q, t0 * p.q_st + (int64_t)h * p.q_sh);
+    if (p.vec_k && p.vec_q) {
+      for (int v = tid; v < C * DK / 8; v += kPrepThreads) {
+        const int r = v >> 4, c8 = (v & 15) * 8;
+        const int rr = r < L ? r : 0;
+        cp_async16(Kb + r * LDKB + c8, kbase + rr * p.k_st + c8, r < L ? 16 : 0);
+        cp_async16(Qb + r * LDKB + c8, qbase + rr * p.q_st + c8, r < L ? 16 : 0);
+      }
+      cp_async_commit();
+    } else {
+      const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
+      for (int i = tid; i < C * DK; i += kPrepThreads) {
+        const int r = i / DK, cc = i % DK;
+        Kb[r * LDKB + cc] = r < L ? kbase[r * p.k_st + cc] : z;
+        Qb[r * LDKB + cc] = r < L ? qbase[r * p.q_st + cc] : z;
+      }
+    }
+  }
   if (tid < C) {
     const bool ok = tid < L;
     rsK[tid] = ok ? (p.l2norm ? p.rk[(t0 + tid) * p.H + h] : 1.f) : 0.f;
     rsQ[tid] = ok ? (p.l2norm ? p.rq[(t0 + tid) * p.H + h] : 1.f) : 0.f;
   }
   for (int i = tid; i < C * LDC; i += blockDim.x) Ts[i] = 0.f;
+  cp_async_wait_all();
   __syncthreads();
-  if (tid == 0) {
-    float s = 0.f;
-    for (int r = 0; r < C; ++r) { s += gam[r]; gam[r] = s; }  // padded rows add 0
+  if (warp == 0) {  // chunk cumsum: lane owns rows 2*lane, 2*lane+1; fixed-order warp scan
+    const int lane = tid & 31;
+    const float a0 = gam[2 * lane], a1 = gam[2 * lane + 1];
+    float sc = a0 + a1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, sc, o);
+      if (lane >= o) sc += y;
+    }
+    const float ex = sc - (a0 + a1);  // exclusive prefix of this lane's pair
+    gam[2 * lane] = ex + a0;          // padded rows add 0
+    gam[2 * lane + 1] = ex + a0 + a1;
   }
   __syncthreads();
   if (tid < L) {
@@ -104,8 +135,8 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
   {  // A = strictly-lower beta_r (k_r.k_j) Gamma_rj
     float acc[4][4];
     zero_acc(acc);
-    warp_mma<4, DK, true, true>(acc, [&](int m, int k) { return Ks[(16 * wr + m) * LDK + k]; },
-                                [&](int k, int nn) { return Ks[(32 * wc + nn) * LDK + k]; });
+    warp_mma<4, DK, true, true>(acc, [&](int m, int k) { return __bfloat162float(Kb[(16 * wr + m) * LDKB + k]); },
+                                [&](int k, int nn) { return __bfloat162float(Kb[(32 * wc + nn) * LDKB + k]); });
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr; j += 32 * wc;
       As[r * LDC + j] = (r > j && r < L) ? bet[r] * rsK[r] * rsK[j] * x * expf(gam[r] - gam[j]) : 0.f;
@@ -114,8 +145,8 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
   {  // P = lower-incl-diag (q_r.k_j) Gamma_rj
     float acc[4][4];
     zero_acc(acc);
-    warp_mma<4, DK, true, true>(acc, [&](int m, int k) { return Qs[(16 * wr + m) * LDK + k]; },
-                                [&](int k, int nn) { return Ks[(32 * wc + nn) * LDK + k]; });
+    warp_mma<4, DK, true, true>(acc, [&](int m, int k) { return __bfloat162float(Qb[(16 * wr + m) * LDKB + k]); },
+                                [&](int k, int nn) { return __bfloat162float(Kb[(32 * wc + nn) * LDKB + k]); });
     __nv_bfloat16* P = p.Pp + (c * p.HV + hv) * (int64_t)(2 * C * C);  // hi/lo planes
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr; j += 32 * wc;
@@ -158,11 +189,9 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
     }
     __syncthreads();
   }
-  float* Tg = p.Tm + (c * p.HV + hv) * (int64_t)(C * C);
   __nv_bfloat16* Tpg = p.Tp + (c * p.HV + hv) * (int64_t)(2 * C * C);  // hi/lo planes
   for (int i = tid; i < C * C; i += blockDim.x) {
     const float v = Ts[(i >> 6) * LDC + (i & 63)];
-    Tg[i] = v;
     const __nv_bfloat16 hi = __float2bfloat16_rn(v);
     Tpg[i] = hi;
     Tpg[C * C + i] = __float2bfloat16_rn(v - __bfloat162float(hi));

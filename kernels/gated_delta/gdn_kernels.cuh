@@ -28,7 +28,6 @@ struct KParams {
   // workspace
   float* rq; float* rk;      // [T,H]
   float* gam; float* bet;    // [T,HV]
-  float* Tm;                 // [NT,HV,64,64] fp32 T (bwd_chunk)
   __nv_bfloat16* Tp; __nv_bfloat16* Pp;  // [NT,HV,2,64,64] bf16 hi/lo planes of T and P
   float* hs; float* dhs;     // [NT,HV,K,V]
   float* Dl; float* dDl;     // [T,HV,V]
@@ -51,18 +50,6 @@ struct KParams {
 
 __device__ __forceinline__ const __nv_bfloat16* bf16_at(const void* p, int64_t off) {
   return static_cast<const __nv_bfloat16*>(p) + off;
-}
-
-// Loads the [64 x 128] q or k tile of key head h starting at token t0 as fp32 (l2-normalised when
-// p.l2norm), zero rows >= L.
-template <int NTHR>
-__device__ __forceinline__ void load_qk(float* dst, const KParams& p, bool isk, int h, int64_t t0,
-                                        int L) {
-  const void* src = isk ? p.k : p.q;
-  const int64_t st = isk ? p.k_st : p.q_st, sh = isk ? p.k_sh : p.q_sh;
-  const float* rs = p.l2norm ? (isk ? p.rk : p.rq) + t0 * p.H + h : nullptr;
-  load_tile_bf16<DK, NTHR>(dst, LDK, bf16_at(src, t0 * st + (int64_t)h * sh), st, L, rs, p.H,
-                           isk ? p.vec_k : p.vec_q);
 }
 
 }  // namespace qrun::gdn::detail

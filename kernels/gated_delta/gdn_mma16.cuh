@@ -84,6 +84,15 @@ template <int LD>
 __device__ __forceinline__ int at_off_sw(int m0, int k0, int l) {
   return swz<LD>(k0 + (l & 7) + (l >> 4) * 8, m0 + ((l >> 3) & 1) * 8);
 }
+// B operand offsets in a swizzled plane: [k][n] storage (ldsm_x4_t) and [n][k] storage (ldsm_x4)
+template <int LD>
+__device__ __forceinline__ int b_off_sw(int k0, int n0, int l) {
+  return swz<LD>(k0 + (l & 7) + ((l >> 3) & 1) * 8, n0 + (l >> 4) * 8);
+}
+template <int LD>
+__device__ __forceinline__ int bn_off_sw(int k0, int n0, int l) {
+  return swz<LD>(n0 + (l & 7) + (l >> 4) * 8, k0 + ((l >> 3) & 1) * 8);
+}
 // element (r, c) of a swizzled plane, any c
 template <int LD>
 __device__ __forceinline__ int swz_el(int r, int c) {
