@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <regex>
 #include <sstream>
@@ -181,12 +182,21 @@ TEST(Profilers, StepStatsCountsOperatorCallsEveryStep) {
   EXPECT_EQ(std::count(tsv.begin(), tsv.end(), '\n'), 13);
   EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(step-stats over 12 steps: CPU operator calls per step mean [0-9]+)")))
       << r.err;
-  // More work per step means more operator calls: 4 micro-batches instead of 2.
-  auto r4 = qrun(d, "--set run.dir=out4 --set train.grad_accum=4 --set checkpoint.every_steps=0 --set 'profiler=[step-stats]'");
-  ASSERT_EQ(r4.exit_code, 0) << r4.err;
-  auto m4 = metrics(d / "out4" / "metrics.jsonl");
-  ASSERT_FALSE(m4.empty());
-  EXPECT_GT(m4[0]["cpu_ops"].get<double>(), m[0]["cpu_ops"].get<double>());
+  // The counts follow the work: each micro-batch adds the same forward + backward operators and
+  // the optimizer adds a fixed number, so calls(4) - calls(2) == 2 * (calls(2) - calls(1)).
+  std::map<int, double> calls;
+  for (int accum : {1, 2, 4}) {
+    std::string dir = "accum" + std::to_string(accum);
+    auto ra = qrun(d, "--set run.dir=" + dir + " --set train.grad_accum=" + std::to_string(accum) +
+                          " --set train.max_steps=2 --set checkpoint.every_steps=0 --set 'profiler=[step-stats]'");
+    ASSERT_EQ(ra.exit_code, 0) << ra.err;
+    auto ma = metrics(d / dir / "metrics.jsonl");
+    ASSERT_EQ(ma.size(), 2u);
+    EXPECT_EQ(ma[0]["cpu_ops"], ma[1]["cpu_ops"]);  // same work, same count, every step
+    calls[accum] = ma[0]["cpu_ops"].get<double>();
+  }
+  EXPECT_GT(calls[2], calls[1]);
+  EXPECT_EQ(calls[4] - calls[2], 2 * (calls[2] - calls[1])) << calls[1] << " " << calls[2] << " " << calls[4];
 }
 
 TEST(Profilers, StepStatsOnGpuCountsKernelsAndBusyTime) {
