@@ -29,7 +29,8 @@ size_t bwd_smem_bytes() { return (size_t)kBwdSmemF * sizeof(float); }
 
 // Per (chunk, value head). q/k stay raw bf16 in shared memory (l2norm row scales rsQ/rsK applied
 // outside the products). The V loop (the bulk of the FLOPs) runs on bf16 tensor cores with hi/lo
-// split operands (gdn_mma16.cuh); the WY part after it uses the 3xTF32 warp_mma.
+// split operands (gdn_mma16.cuh), and so does the WY part after it (KK^T and QK^T: exact raw
+// TF32 products through warp_mma).
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
   extern __shared__ __align__(128) float sm[];
   __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][LDKB]

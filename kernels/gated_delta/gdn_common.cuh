@@ -35,24 +35,18 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// QRUN_GDN_3XTF32=1 (default): every product is split-fp32 3xTF32 (close to fp32 accuracy).
-// QRUN_GDN_3XTF32=0: plain TF32 operands (10-bit mantissa), fp32 accumulation; ~1.3x faster today
-// but its errors (2e-4..1.5e-3 relative, measured on H200) leave the bf16 output o at the edge of
-// the 2e-3 conformance tolerance, so it is opt-in (CMake option QRUN_GDN_3XTF32=OFF).
-#ifndef QRUN_GDN_3XTF32
-#define QRUN_GDN_3XTF32 1
-#endif
-
-// acc (a 16 x 8*NT8 tile, mma.m16n8 C-fragment layout) += A(16 x KD) * B(KD x 8*NT8).
-// A(m, k) and B(k, n) are callables returning fp32 (normally shared-memory reads) with tile-local
-// indices. KD must be a multiple of 8. AX / BX: the A / B values are exactly representable in
-// TF32 (e.g. raw bf16 inputs), so their low split part is zero and its MMA is skipped.
+// acc (a 16 x 8*NT8 tile, mma.m16n8 C-fragment layout) += A(16 x KD) * B(KD x 8*NT8) as 3xTF32
+// (fp32 operands split into two TF32 halves, low*low dropped). A(m, k) and B(k, n) are callables
+// returning fp32 (normally shared-memory reads) with tile-local indices. KD must be a multiple of
+// 8. AX / BX: the A / B values are exactly representable in TF32 (e.g. raw bf16 inputs), so their
+// low split part is zero and its MMA is skipped. Since v11 the kernels call it only with raw
+// operands (KK^T, QK^T: one exact TF32 MMA per tile); everything else runs on bf16 planes
+// (gdn_mma16.cuh).
 template <int NT8, int KD, bool AX = false, bool BX = false, class FA, class FB>
 __device__ __forceinline__ void warp_mma(float (&acc)[NT8][4], FA A, FB B) {
   const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
 #pragma unroll 2
   for (int k0 = 0; k0 < KD; k0 += 8) {
-#if QRUN_GDN_3XTF32
     uint32_t ah[4], al[4];
     if constexpr (AX) {
       ah[0] = to_tf32(A(gq, k0 + tq));
@@ -79,16 +73,6 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT8][4], FA A, FB B) {
       if constexpr (!BX) mma_tf32(acc[n], ah, bl0, bl1);
       mma_tf32(acc[n], ah, bh0, bh1);
     }
-#else
-    uint32_t ah[4];
-    ah[0] = to_tf32(A(gq, k0 + tq));
-    ah[1] = to_tf32(A(gq + 8, k0 + tq));
-    ah[2] = to_tf32(A(gq, k0 + tq + 4));
-    ah[3] = to_tf32(A(gq + 8, k0 + tq + 4));
-#pragma unroll
-    for (int n = 0; n < NT8; ++n)
-      mma_tf32(acc[n], ah, to_tf32(B(k0 + tq, n * 8 + gq)), to_tf32(B(k0 + tq + 4, n * 8 + gq)));
-#endif
   }
 }
 

@@ -2,7 +2,7 @@
 # One device-machine call: build (sm_90), run the CPU reference test, the GPU conformance test,
 # compute-sanitizer on the quick grid, and the benchmark. Logs go to $OUT (or /tmp/gdn-out).
 # Usage (repo root): bash kernels/gated_delta/run_device.sh [steps...]
-#   steps: build ref gpu quick san race prof bench ncu tf32 (default: build ref gpu san bench)
+#   steps: build ref gpu quick san race prof bench ncu (default: build ref gpu san bench)
 set -u
 OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
 B=/tmp/gdn-dev-build
@@ -24,12 +24,6 @@ fi
 if has race; then
   QRUN_GDN_QUICK=1 timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 $B/test_gated_delta > "$OUT/racecheck.log" 2>&1
   echo "racecheck rc=$?"; tail -4 "$OUT/racecheck.log"
-fi
-if has tf32; then  # plain-TF32 variant (-DQRUN_GDN_3XTF32=OFF): test + bench
-  { cmake -S kernels/gated_delta -B ${B}3 -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release -DQRUN_GDN_3XTF32=OFF && \
-    cmake --build ${B}3 -j16 --target test_gated_delta bench_gated_delta; } > "$OUT/build3.log" 2>&1 || tail -20 "$OUT/build3.log"
-  timeout 200 ${B}3/test_gated_delta > "$OUT/gpu_test_1xtf32.log" 2>&1; echo "1xTF32 gpu test rc=$?"; cat "$OUT/gpu_test_1xtf32.log"
-  timeout 100 ${B}3/bench 10 2>&1 | tail -8
 fi
 if has prof; then QRUN_GDN_PROFILE=1 timeout 60 $B/bench 1 > "$OUT/prof.log" 2>&1; echo "prof rc=$?"; fi
 if has ncu; then  # hardware counters of the sequential kernels and bwd_chunk (first launch of each)
