@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 namespace fs = std::filesystem;
 using namespace qrun;
@@ -464,6 +465,47 @@ TEST(QwenModel, BadConfigUnknownModelType) {
   EXPECT_EQ(build_error(d), fmt::format("config {}/config.json: unknown model_type 'llama'; the qwen "
                                         "model supports qwen3_5, qwen3_5_text, qwen3_5_moe, "
                                         "qwen3_5_moe_text and qwen3_next", d));
+}
+
+// Qwen3-Next / MoE checkpoints: the same kind of messages for their own fields and tensors.
+std::string copy_fixture_from(const std::string& src_name, const std::string& name) {
+  std::string src = fixture(src_name) + "/ckpt";
+  std::string dst = std::string(QRUN_TEST_FIXTURE_DIR) + "/bad_" + name;
+  fresh_dir(dst);
+  for (auto& e : fs::directory_iterator(src)) fs::copy(e.path(), dst + "/" + e.path().filename().string());
+  return dst;
+}
+
+TEST(QwenModel, BadMoeCheckpoints) {
+  // A missing expert tensor names the per-expert hub key.
+  std::string d = copy_fixture_from("next_r2_moe", "expert");
+  Ckpt c = read_ckpt(d + "/model.safetensors");
+  const std::string key = "model.layers.3.mlp.experts.3.up_proj.weight";
+  ASSERT_EQ(c.tensors.erase(key), 1u);
+  write_ckpt(d + "/model.safetensors", c);
+  EXPECT_EQ(build_error(d), fmt::format("checkpoint {}: tensor '{}' is missing (expected shape [32, 64])", d, key));
+  // Config fields.
+  auto edit = [&](const std::string& name, const std::function<void(nlohmann::json&)>& f) {
+    std::string dd = copy_fixture_from("next_r2_moe", name);
+    nlohmann::json j = read_json(dd + "/config.json");
+    f(j);
+    std::ofstream(dd + "/config.json", std::ios::trunc) << j.dump(2);
+    return dd;
+  };
+  d = edit("no_experts", [](nlohmann::json& j) { j.erase("num_experts"); });
+  EXPECT_EQ(build_error(d), fmt::format("config {}/config.json: required field 'num_experts' is missing", d));
+  d = edit("topk", [](nlohmann::json& j) { j["num_experts_per_tok"] = 5; });
+  EXPECT_EQ(build_error(d), fmt::format("config {}/config.json: num_experts_per_tok 5 exceeds num_experts 4", d));
+  d = edit("mlp_only", [](nlohmann::json& j) { j["mlp_only_layers"] = "2"; });
+  EXPECT_EQ(build_error(d), fmt::format("config {}/config.json: field 'mlp_only_layers' must be a list of "
+                                        "layer indices, got \"2\"", d));
+  // A text_config of another family.
+  d = copy_fixture_from("moe35_r3_vlm", "text_type");
+  nlohmann::json j = read_json(d + "/config.json");
+  j["text_config"]["model_type"] = "qwen3_5_text";
+  std::ofstream(d + "/config.json", std::ios::trunc) << j.dump(2);
+  EXPECT_EQ(build_error(d), fmt::format("config {}/config.json: text_config.model_type 'qwen3_5_text' does "
+                                        "not belong to model_type 'qwen3_5_moe'", d));
 }
 
 TEST(QwenModel, MissingModelSaysWhereItLooked) {
