@@ -453,7 +453,18 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
   for (auto& p : run.profilers) p->on_run_start(run.run_dir.string());
 
   auto evaluate_now = [&]() {
-    EvalResult e = run_eval(run, eval_batches);
+    EvalResult e;
+    try {
+      e = run_eval(run, eval_batches);
+    } catch (const c10::OutOfMemoryError& oom) {
+      if (tty) std::fprintf(stderr, "\n");
+      throw UserError(fmt::format(
+          "evaluation at step {}: out of memory on {}: {}\nTry:{}\n{}", st.step, run.device.str(),
+          oom.what_without_backtrace(), oom_hints(r),
+          last_ckpt ? fmt::format("The last checkpoint, {} (step {}), is intact.", last_ckpt->dir.string(),
+                                  last_ckpt->step)
+                    : std::string("No checkpoint was written yet.")));
+    }
     MetricLine line(st.step);
     line.add("eval_loss", e.loss, "{:.6f}");
     line.add("eval_perplexity", std::exp(e.loss), "{:.4f}");

@@ -240,6 +240,13 @@ TEST(Trainer, OutOfMemoryEndsWithStepBatchAndHints) {
       << r.err;
   EXPECT_TRUE(fs::exists(d / "out" / "checkpoints" / "step-00000003" / "state.json"));
   EXPECT_FALSE(fs::exists(d / "out" / "checkpoints" / "step-00000004"));
+  // The same inside an evaluation (forward call 4 with grad_accum 1 is the evaluation at step 3).
+  auto ev = qrun(d, recipe() + " --set run.dir=eval-oom --set train.grad_accum=1 --set train.eval_every=3"
+                       " --set model.oom_at_forward=4");
+  EXPECT_EQ(ev.exit_code, 2) << ev.err;
+  EXPECT_NE(ev.err.find("qrun: evaluation at step 3: out of memory on cpu: CUDA out of memory."), std::string::npos)
+      << ev.err;
+  EXPECT_NE(ev.err.find("lower data.collator.tokens_per_batch"), std::string::npos) << ev.err;
   // Nothing was broken: the run resumes from step 3.
   auto again = qrun(d, recipe() + " --set run.dir=out --set checkpoint.every_steps=1 --resume");
   EXPECT_EQ(again.exit_code, 0) << again.err;
