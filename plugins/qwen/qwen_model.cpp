@@ -555,6 +555,10 @@ class QwenModel final : public Model {
   // Preset-built models are written as the text-only causal LM of their family.
   void save(const std::string& dir) override {
     QRUN_ASSERT(built_, "qwen model saved before build()");
+    std::error_code ec;
+    QRUN_CHECK(dir_.empty() || !fs::equivalent(dir, dir_, ec),
+               "qwen: cannot save into {}, the checkpoint the model was loaded from (its mtp/visual "
+               "tensors are read from those files while saving); save into a new directory", dir);
     const char* dtype = place_.param_dtype == at::kBFloat16 ? "bfloat16"
                         : place_.param_dtype == at::kHalf   ? "float16"
                         : place_.param_dtype == at::kDouble ? "float64"

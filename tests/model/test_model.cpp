@@ -273,6 +273,17 @@ TEST(QwenModel, SaveKeepsTheImageTextLayout) {
               e, copied);
   EXPECT_LE(e, 1e-5);
 
+  // Saving over the source (whose mmap'd tensors it copies) is refused, not a crash.
+  std::string msg;
+  try {
+    m->save(src);
+  } catch (const UserError& e) {
+    msg = e.message();
+  }
+  EXPECT_EQ(msg, fmt::format("qwen: cannot save into {}, the checkpoint the model was loaded from (its "
+                             "mtp/visual tensors are read from those files while saving); save into a "
+                             "new directory", src));
+
   // A num_layers cut updates the config (and only that), and drops the cut layers' tensors.
   auto cut = make_model(model_config({{"path", src}, {"num_layers", int64_t{2}}}), k);
   const std::string out2 = std::string(QRUN_TEST_FIXTURE_DIR) + "/roundtrip_vlm_cut";
