@@ -199,6 +199,33 @@ TEST(Profilers, StepStatsCountsOperatorCallsEveryStep) {
   EXPECT_EQ(calls[4] - calls[2], 2 * (calls[2] - calls[1])) << calls[1] << " " << calls[2] << " " << calls[4];
 }
 
+TEST(Profilers, BothOnTheTinyQwenHybrid) {
+  if (std::string(QWEN_PLUGINS).empty()) GTEST_SKIP() << "the qwen and reference-kernels plugins are not built";
+  fs::path d = fresh_dir("tiny-qwen");
+  // The installed plugins (qwen, reference-kernels, profilers) plus the test zoo's data components.
+  auto r = run_process(std::string(QRUN_BIN) + " " + SRC_DIR + "/tiny_qwen.yaml --set run.dir=out",
+                       std::string("QRUN_PLUGIN_PATH='") + ZOO + "'", d.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("torch-profiler: steps 3-3, "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("sorted by count, top 8 rows"), std::string::npos) << r.err;
+  nlohmann::json trace = nlohmann::json::parse(slurp((d / "out" / "profiler" / "trace-0.json").string()));
+  EXPECT_GT(trace["traceEvents"].size(), 1000u);
+  // Sorted by calls: the "# of Calls" column (the last) never grows down the table.
+  std::istringstream in(slurp((d / "out" / "profiler" / "key_averages-0.txt").string()));
+  std::string line;
+  std::vector<long> counts;
+  static const std::regex row(R"(^\S.*\s([0-9.]+)%\s.*\s([0-9]+)$)");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_match(line, m, row)) counts.push_back(std::stol(m[2]));
+  }
+  ASSERT_EQ(counts.size(), 8u);
+  for (size_t i = 1; i < counts.size(); ++i) EXPECT_GE(counts[i - 1], counts[i]);
+  auto m = metrics(d / "out" / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 4u);
+  for (const auto& l : m) EXPECT_GT(l["cpu_ops"].get<double>(), 1000) << l;  // thousands of small ops per step
+}
+
 TEST(Profilers, StepStatsOnGpuCountsKernelsAndBusyTime) {
   if (!torch::cuda::is_available())
     GTEST_SKIP() << "no CUDA device on this machine: kernels per step and GPU busy time need one "
