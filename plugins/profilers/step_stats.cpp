@@ -63,8 +63,10 @@ void StepStats::on_run_start(const std::string& run_dir) {
   table_path_ = run_dir + "/step_stats.tsv";
   table_ = std::fopen(table_path_.c_str(), "a");
   QRUN_CHECK(table_ != nullptr, "step-stats: cannot write {}: {}", table_path_, std::strerror(errno));
-  std::fprintf(table_, "step\tstep_time_s\tcpu_ops\tgpu_kernels\tgpu_busy\n");
-  std::fflush(table_);
+  std::fseek(table_, 0, SEEK_END);
+  if (std::ftell(table_) == 0)  // a resumed run appends to the same table
+    std::fprintf(table_, "step\tstep_time_s\tcpu_ops\tgpu_kernels\tgpu_busy\n");
+  QRUN_CHECK(std::fflush(table_) == 0, "step-stats: cannot write {}: {}", table_path_, std::strerror(errno));
   qrun::log_info("step-stats: counting CPU operator calls{}; per-step table in {}",
                  gpu_ ? ", GPU kernels and GPU busy time" :
                  gpu_wanted_ ? " (no CUDA device: GPU kernels and busy time are n/a)"
@@ -109,7 +111,7 @@ void StepStats::on_step_end(const qrun::StepRecord& record) {
   if (std::isfinite(busy_)) all_busy_.push_back(busy_);
   std::fprintf(table_, "%lld\t%.6f\t%.0f\t%s\t%s\n", static_cast<long long>(record.step), record.seconds,
                cpu_ops_, cell(kernels_, "{:.0f}").c_str(), cell(busy_, "{:.4f}").c_str());
-  std::fflush(table_);
+  QRUN_CHECK(std::fflush(table_) == 0, "step-stats: cannot write {}: {}", table_path_, std::strerror(errno));
 }
 
 std::vector<std::pair<std::string, double>> StepStats::step_metrics() {
