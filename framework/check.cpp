@@ -37,6 +37,7 @@ struct Case {
   std::vector<int64_t> lens;  // empty: no sample structure (ops)
   std::vector<Input> inputs;
   Call call;
+  bool exact_judge = false;  // linear_attention: judge with the token recurrence (Note [GDN judge])
 };
 
 struct Tol {
@@ -297,7 +298,8 @@ std::vector<Case> attention_cases(at::Generator& g) {
 //   normal  A_log = log U(0.5, 8), a ~ N(0, 1)      g ~ -0.3 .. -10 per token
 //   near-0  A_log = log U(1e-4, 1e-3)               g ~ -1e-3 (state barely decays)
 //   strong  A_log = log U(8, 16), a ~ N(3, 1)        g ~ -25 .. -50 (exp(g) underflows in a chunk)
-// On CUDA (`big`) also many tiny samples in one batch and a 32,768-token batch.
+// On CUDA (`big`) also the strong gates (judged by the token recurrence, Note [GDN judge]), many
+// tiny samples in one batch and a 32,768-token batch.
 enum class Gates { Normal, Near0, Strong };
 
 Case gdn_case(at::Generator& g, int64_t h, int64_t hv, const std::vector<int64_t>& lens,
@@ -309,6 +311,7 @@ Case gdn_case(at::Generator& g, int64_t h, int64_t hv, const std::vector<int64_t
   const char* gname = gates == Gates::Normal ? "normal" : gates == Gates::Near0 ? "near-0" : "strong";
   c.name = fmt::format("H={} HV={} gates={} lens={}", h, hv, gname, label);
   c.lens = lens;
+  c.exact_judge = gates == Gates::Strong;
   double lo = 0.5, hi = 8.0, a_shift = 0.0;
   if (gates == Gates::Near0) lo = 1e-4, hi = 1e-3;
   if (gates == Gates::Strong) lo = 8.0, hi = 16.0, a_shift = 3.0;
@@ -333,8 +336,8 @@ std::vector<Case> gdn_cases(at::Generator& g, bool big) {
     for (const auto& lens : kLensGrid) cs.push_back(gdn_case(g, h, hv, lens, Gates::Normal, lens_str(lens)));
   const std::vector<int64_t> edge = {1, 2, 3, 63, 64, 65, 200};
   cs.push_back(gdn_case(g, 1, 3, edge, Gates::Near0, lens_str(edge)));
-  cs.push_back(gdn_case(g, 2, 4, edge, Gates::Strong, lens_str(edge)));
   if (big) {
+    cs.push_back(gdn_case(g, 2, 4, edge, Gates::Strong, lens_str(edge)));
     // Many tiny samples: 300 of length 1..8, with a few chunk-edge lengths between them.
     std::vector<int64_t> tiny;
     at::Tensor r = at::randint(1, 9, {300}, g, at::kLong);
@@ -433,9 +436,18 @@ Config default_config(const RegistryEntry& e, const std::string& path) {
   return Config(path, v);
 }
 
-std::unique_ptr<Component> create(const Registry& r, const std::string& kind, const std::string& name) {
+// overrides: settings that replace the schema defaults (only those the schema has).
+std::unique_ptr<Component> create(const Registry& r, const std::string& kind, const std::string& name,
+                                  const std::map<std::string, Value>& overrides = {}) {
   const RegistryEntry& e = r.get(kind, name);
-  auto c = e.info.factory(default_config(e, "check." + kind));
+  Config cfg = default_config(e, "check." + kind);
+  if (!overrides.empty()) {
+    std::map<std::string, Value> v;
+    for (const auto& f : e.info.schema.fields())
+      v[f.name] = overrides.count(f.name) ? overrides.at(f.name) : f.default_value;
+    cfg = Config("check." + kind, v);
+  }
+  auto c = e.info.factory(cfg);
   QRUN_ASSERT(c != nullptr, "factory of {} '{}' returned null", kind, name);
   return c;
 }
@@ -463,10 +475,19 @@ bool check_one(const std::string& kind, const std::string& name, const Registry&
                ref_name);
     return false;
   }
-  std::unique_ptr<Component> backend, ref;
+  std::unique_ptr<Component> backend, ref, ref_exact;
   try {
     backend = create(registry, kind, name);
     ref = create(registry, kind, ref_name);
+    // Note [GDN judge]: the gradients of the decay parameters (a, A_log, dt_bias) are sums in
+    // which the O(1) terms of the chunk-local cumulative decays exp(gamma_i - gamma_j) cancel to a
+    // tiny true value. For strongly negative gates gdn-reference's chunk-64 fp32 autograd leaves
+    // noise larger than that value (measured on one "strong" case: dA_log 11x off an fp64
+    // evaluation, da 18% off; the token loop in fp32: 1.5e-5). With one token per chunk those
+    // terms are exactly zero, so the strong-gate cases are judged by gdn-reference with
+    // chunk_size 1 - the gated delta recurrence token by token (slower; small cases only).
+    if (kind == LinearAttention::kKind)
+      ref_exact = create(registry, kind, ref_name, {{"chunk_size", int64_t{1}}});
   } catch (const std::exception& e) {
     fmt::print("qrun check {}/{}: cannot create the component: {}\n", kind, name, e.what());
     return false;
@@ -543,6 +564,8 @@ bool check_one(const std::string& kind, const std::string& name, const Registry&
                normwise ? "\n  error = norm-wise, beyond the bf16 storage rounding of the result "
                           "(raw norm-wise error beside it; framework/check.cpp Note [Error metrics])"
                         : ", error = max|got-ref|/max|ref|");
+    if (ref_exact)
+      fmt::print("  gates=strong rows are judged by {} with chunk_size 1 (Note [GDN judge])\n", ref_name);
     if (normwise)
       fmt::print("{:<58} {:<7} {:>9} {:>9} {:>9} {:>9}  {:<8} {}\n", "case", "layout", "fwd err",
                  "raw", "grad err", "raw", "worst", "result");
@@ -551,6 +574,7 @@ bool check_one(const std::string& kind, const std::string& name, const Registry&
                  "worst", "result");
     for (const auto& c : cases) {
       std::vector<Row> rows;
+      Component& judge = c.exact_judge && ref_exact ? *ref_exact : *ref;
       // Inputs as the backend will see them (bf16 rounding applied to the reference too).
       Case cr = c;
       for (auto& in : cr.inputs)
@@ -562,9 +586,9 @@ bool check_one(const std::string& kind, const std::string& name, const Registry&
       };
       try {
         if (c.lens.empty()) {
-          Result want = run_plain(*ref, cr, at::Tensor(), at::kFloat, st.dev);
+          Result want = run_plain(judge, cr, at::Tensor(), at::kFloat, st.dev);
           at::Tensor w = cotangent(want.out.sizes().vec());
-          want = run_plain(*ref, cr, w, at::kFloat, st.dev);
+          want = run_plain(judge, cr, w, at::kFloat, st.dev);
           Row row{c.name, "-"};
           compare(run_plain(*backend, cr, w, st.dt, st.dev), want, cr.inputs, st.metric, row);
           rows.push_back(row);
@@ -578,11 +602,11 @@ bool check_one(const std::string& kind, const std::string& name, const Registry&
             std::vector<at::Tensor> xs;
             for (const auto& in : cr.inputs)
               xs.push_back((in.token_major ? in.value.narrow(0, 0, c.lens[0]) : in.value).to(st.dev));
-            wshape = c.call(*ref, xs, make_seq({c.lens[0]}, Layout::Packed, st.dev)).sizes().vec();
+            wshape = c.call(judge, xs, make_seq({c.lens[0]}, Layout::Packed, st.dev)).sizes().vec();
           }
           wshape[0] = T;
           at::Tensor w = cotangent(wshape);
-          Result want = reference_alone(*ref, cr, w, st.dev);
+          Result want = reference_alone(judge, cr, w, st.dev);
           for (Layout layout : {Layout::Packed, Layout::Padded}) {
             Row row{c.name, layout_name(layout)};
             compare(run_layout(*backend, cr, w, layout, st.dt, st.dev), want, cr.inputs, st.metric,
