@@ -58,8 +58,10 @@ using json = nlohmann::json;
 
 // The architectures one plugin serves (section 2): Qwen3.5 dense (separate GDN projections, SwiGLU
 // MLP), Qwen3.5-MoE (same GDN, every MLP a sparse MoE) and Qwen3-Next (fused in_proj_qkvz /
-// in_proj_ba, MoE MLP on the layers decoder_sparse_step / mlp_only_layers select).
-enum class Family { Qwen35, Qwen35Moe, Next };
+// in_proj_ba, MoE MLP on the layers decoder_sparse_step / mlp_only_layers select), and, as a second
+// family, plain Qwen3 dense models (full attention only: no output gate, plain-weight RMSNorms,
+// full rotary by default).
+enum class Family { Qwen35, Qwen35Moe, Next, Qwen3 };
 
 struct QwenConfig {
   std::string model_type = "qwen3_5_text";
@@ -78,8 +80,14 @@ struct QwenConfig {
   json source;             // the checkpoint's config.json as read (null for presets)
 
   bool fused_gdn() const { return family == Family::Next; }
+  // Qwen3: attention without the output gate, RMSNorm weights stored plainly (y = w * n).
+  bool attn_gate() const { return family != Family::Qwen3; }
+  bool zero_centred() const { return family != Family::Qwen3; }
   const char* family_name() const {
-    return family == Family::Next ? "qwen3_next" : family == Family::Qwen35Moe ? "qwen3_5_moe" : "qwen3_5";
+    return family == Family::Next        ? "qwen3_next"
+           : family == Family::Qwen35Moe ? "qwen3_5_moe"
+           : family == Family::Qwen3     ? "qwen3"
+                                         : "qwen3_5";
   }
   int64_t rot_dim() const { return static_cast<int64_t>(static_cast<double>(d_h) * partial_rotary); }
   int64_t key_dim() const { return n_k * d_k; }
@@ -154,10 +162,10 @@ QwenConfig parse_config(const std::string& file) {
   static const std::map<std::string, Family> ok = {
       {"qwen3_5", Family::Qwen35},        {"qwen3_5_text", Family::Qwen35},
       {"qwen3_5_moe", Family::Qwen35Moe}, {"qwen3_5_moe_text", Family::Qwen35Moe},
-      {"qwen3_next", Family::Next}};
+      {"qwen3_next", Family::Next},       {"qwen3", Family::Qwen3}};
   QRUN_CHECK(ok.count(mt) > 0 || (mt.empty() && ok.count(tmt) > 0),
              "config {}: unknown model_type '{}'; the qwen model supports qwen3_5, qwen3_5_text, "
-             "qwen3_5_moe, qwen3_5_moe_text and qwen3_next", file, mt);
+             "qwen3_5_moe, qwen3_5_moe_text, qwen3_next and qwen3", file, mt);
   QwenConfig c;
   c.model_type = tmt.empty() ? mt : tmt;
   c.family = ok.at(mt.empty() ? tmt : mt);
@@ -170,11 +178,23 @@ QwenConfig parse_config(const std::string& file) {
   c.n_q = jint(t, "num_attention_heads", file);
   c.n_kv = jint(t, "num_key_value_heads", file, c.n_q);
   c.d_h = jint(t, "head_dim", file, c.hidden / c.n_q);
-  c.n_k = jint(t, "linear_num_key_heads", file);
-  c.n_v = jint(t, "linear_num_value_heads", file);
-  c.d_k = jint(t, "linear_key_head_dim", file);
-  c.d_v = jint(t, "linear_value_head_dim", file);
-  c.conv_k = jint(t, "linear_conv_kernel_dim", file, 4);
+  if (c.family != Family::Qwen3) {
+    c.n_k = jint(t, "linear_num_key_heads", file);
+    c.n_v = jint(t, "linear_num_value_heads", file);
+    c.d_k = jint(t, "linear_key_head_dim", file);
+    c.d_v = jint(t, "linear_value_head_dim", file);
+    c.conv_k = jint(t, "linear_conv_kernel_dim", file, 4);
+  } else {
+    c.n_k = c.n_v = 1;  // no linear-attention layers; 1 keeps the head checks below trivial
+    const json* sw = jfind(t, "use_sliding_window");
+    QRUN_CHECK(sw == nullptr || !sw->is_boolean() || !sw->get<bool>(),
+               "config {}: use_sliding_window is true; sliding-window attention is not supported by "
+               "the qwen model (the attention kernels are causal over the whole sample)", file);
+    const json* ab = jfind(t, "attention_bias");
+    QRUN_CHECK(ab == nullptr || !ab->is_boolean() || !ab->get<bool>(),
+               "config {}: attention_bias is true; attention biases are not supported by the qwen "
+               "model (no published Qwen3 checkpoint uses them)", file);
+  }
   // Qwen3.5-MoE has no dense MLP; Qwen3-Next uses intermediate_size on its dense layers only.
   if (c.family != Family::Qwen35Moe) c.inter = jint(t, "intermediate_size", file);
   c.vocab = jint(t, "vocab_size", file);
@@ -186,8 +206,10 @@ QwenConfig parse_config(const std::string& file) {
   // Rope: rope_parameters (transformers v5) or plain fields (older configs).
   const json* rp = jfind(t, "rope_parameters");
   if (rp == nullptr) rp = jfind(t, "rope_scaling");
-  c.rope_theta = jnum(t, "rope_theta", file, 1e7);
-  c.partial_rotary = jnum(t, "partial_rotary_factor", file, 0.25);
+  // Defaults as transformers: Qwen3 rotates the whole head with theta 10000 unless told otherwise.
+  const bool qwen3 = c.family == Family::Qwen3;
+  c.rope_theta = jnum(t, "rope_theta", file, qwen3 ? 10000.0 : 1e7);
+  c.partial_rotary = jnum(t, "partial_rotary_factor", file, qwen3 ? 1.0 : 0.25);
   if (rp != nullptr && rp->is_object()) {
     c.rope_theta = jnum(*rp, "rope_theta", file, c.rope_theta);
     c.partial_rotary = jnum(*rp, "partial_rotary_factor", file, c.partial_rotary);
@@ -206,18 +228,19 @@ QwenConfig parse_config(const std::string& file) {
                "config {}: layer_types must list {} layers", file, c.layers);
     for (const auto& e : *lt) {
       std::string s = e.is_string() ? e.get<std::string>() : e.dump();
-      if (s == "linear_attention" || s == "mamba") c.full.push_back(false);
+      if ((s == "linear_attention" || s == "mamba") && !qwen3) c.full.push_back(false);
       else if (s == "full_attention" || s == "attention") c.full.push_back(true);
-      else fail("config {}: unknown layer type '{}' (expected linear_attention or full_attention)",
-                file, s);
+      else fail("config {}: unknown layer type '{}' (expected {})", file, s,
+                qwen3 ? "full_attention" : "linear_attention or full_attention");
     }
   } else {
-    c.full = interval_layers(c.layers, jint(t, "full_attention_interval", file, 4));
+    c.full = qwen3 ? std::vector<bool>(c.layers, true)
+                   : interval_layers(c.layers, jint(t, "full_attention_interval", file, 4));
   }
   for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
     if (const json* v = jfind(t, k)) c.extra[k] = *v;
   c.moe.assign(c.layers, false);
-  if (c.family != Family::Qwen35) {
+  if (c.family != Family::Qwen35 && c.family != Family::Qwen3) {
     // Section 2.6 (HF-N Qwen3NextSparseMoeBlock / decoder layer, Qwen3_5MoeSparseMoeBlock).
     c.experts = jint(t, "num_experts", file);
     c.top_k = jint(t, "num_experts_per_tok", file);
@@ -535,7 +558,7 @@ class QwenModel final : public Model {
         x = layer_forward(i, x, ctx);
       }
     }
-    x = k_.ops->rms_norm(x, norm_, c_.eps, /*zero_centred=*/true);
+    x = k_.ops->rms_norm(x, norm_, c_.eps, c_.zero_centred());
     at::Tensor W = w(c_.tied ? embed_ : lm_head_);
     at::Tensor targets = shifted_targets(batch);
     ModelOutput out;
@@ -661,7 +684,8 @@ class QwenModel final : public Model {
     const double mlp = (L - L_moe) * 3.0 * H * c_.inter +
                        L_moe * (H * c_.experts + c_.top_k * 3.0 * H * c_.moe_inter +
                                 3.0 * H * c_.shared_inter + H);
-    const double n_mm = c_.vocab * H + Lf * H * (3.0 * c_.n_q * c_.d_h + 2.0 * c_.n_kv * c_.d_h) +
+    const double q_rows = c_.attn_gate() ? 2.0 : 1.0;  // query (+ output gate) rows per head dim
+    const double n_mm = c_.vocab * H + Lf * H * ((q_rows + 1.0) * c_.n_q * c_.d_h + 2.0 * c_.n_kv * c_.d_h) +
                         Ll * H * (2.0 * c_.n_k * c_.d_k + 3.0 * c_.n_v * c_.d_v + 2.0 * c_.n_v) + mlp;
     double tokens = 0, pairs = 0;
     for (int64_t s : seq_lens) {
@@ -695,8 +719,11 @@ class QwenModel final : public Model {
     s.num_parameters = n;
     const int64_t n_moe = std::count(c_.moe.begin(), c_.moe.end(), true);
     s.description = fmt::format(
-        "{} hybrid, {} layers ({} GDN + {} attn{}), hidden {}, {} params, {} embeddings, from {}",
-        c_.family == Family::Next ? "Qwen3-Next" : c_.family == Family::Qwen35Moe ? "Qwen3.5-MoE" : "Qwen3.5",
+        "{}, {} layers ({} GDN + {} attn{}), hidden {}, {} params, {} embeddings, from {}",
+        c_.family == Family::Next        ? "Qwen3-Next hybrid"
+        : c_.family == Family::Qwen35Moe ? "Qwen3.5-MoE hybrid"
+        : c_.family == Family::Qwen3     ? "Qwen3 dense"
+                                         : "Qwen3.5 hybrid",
         c_.layers, c_.num_linear(), c_.num_full(),
         n_moe > 0 ? fmt::format("; {} MoE MLPs, {} experts, top {}", n_moe, c_.experts, c_.top_k) : "",
         c_.hidden, n, c_.tied ? "tied" : "untied", dir_.empty() ? "preset " + preset_ : dir_);
@@ -746,16 +773,18 @@ class QwenModel final : public Model {
     std::vector<ParamSpec> s;
     const int64_t H = c_.hidden;
     s.push_back({"model.embed_tokens.weight", {c_.vocab, H}, Init::Normal, false});
+  const Init norm_init = c_.zero_centred() ? Init::Zeros : Init::Ones;
     for (int64_t i = 0; i < c_.layers; ++i) {
       std::string p = fmt::format("model.layers.{}.", i);
-      s.push_back({p + "input_layernorm.weight", {H}, Init::Zeros, false});
+      s.push_back({p + "input_layernorm.weight", {H}, norm_init, false});
       if (c_.full[i]) {
-        s.push_back({p + "self_attn.q_proj.weight", {2 * c_.n_q * c_.d_h, H}, Init::Normal, false});
+        s.push_back({p + "self_attn.q_proj.weight", {(c_.attn_gate() ? 2 : 1) * c_.n_q * c_.d_h, H},
+                     Init::Normal, false});
         s.push_back({p + "self_attn.k_proj.weight", {c_.n_kv * c_.d_h, H}, Init::Normal, false});
         s.push_back({p + "self_attn.v_proj.weight", {c_.n_kv * c_.d_h, H}, Init::Normal, false});
         s.push_back({p + "self_attn.o_proj.weight", {H, c_.n_q * c_.d_h}, Init::Normal, false});
-        s.push_back({p + "self_attn.q_norm.weight", {c_.d_h}, Init::Zeros, false});
-        s.push_back({p + "self_attn.k_norm.weight", {c_.d_h}, Init::Zeros, false});
+        s.push_back({p + "self_attn.q_norm.weight", {c_.d_h}, norm_init, false});
+        s.push_back({p + "self_attn.k_norm.weight", {c_.d_h}, norm_init, false});
       } else if (c_.fused_gdn()) {
         s.push_back({p + "linear_attn.in_proj_qkvz.weight", {c_.conv_dim() + c_.value_dim(), H},
                      Init::Normal, false});
@@ -773,7 +802,7 @@ class QwenModel final : public Model {
         s.push_back({p + "linear_attn.norm.weight", {c_.d_v}, Init::Ones, true});
         s.push_back({p + "linear_attn.out_proj.weight", {H, c_.value_dim()}, Init::Normal, false});
       }
-      s.push_back({p + "post_attention_layernorm.weight", {H}, Init::Zeros, false});
+      s.push_back({p + "post_attention_layernorm.weight", {H}, norm_init, false});
       if (c_.moe[i]) {
         // See Note [Expert parameters].
         const int64_t E = c_.experts, I = c_.moe_inter, S = c_.shared_inter;
@@ -790,7 +819,7 @@ class QwenModel final : public Model {
         s.push_back({p + "mlp.down_proj.weight", {H, c_.inter}, Init::Normal, false});
       }
     }
-    s.push_back({"model.norm.weight", {H}, Init::Zeros, false});
+    s.push_back({"model.norm.weight", {H}, norm_init, false});
     if (!c_.tied) s.push_back({"lm_head.weight", {c_.vocab, H}, Init::Normal, false});
     return s;
   }
@@ -1029,17 +1058,24 @@ class QwenModel final : public Model {
 
   at::Tensor attention(const Layer& L, const at::Tensor& h, const FwdCtx& ctx) const {
     const int64_t nq = c_.n_q, nkv = c_.n_kv, dh = c_.d_h;
-    at::Tensor qg = at::linear(h, w(L.q_proj)).view(lead_shape(h, {nq, 2 * dh}));
-    at::Tensor q = qg.narrow(-1, 0, dh);
-    at::Tensor gate = qg.narrow(-1, dh, dh).reshape(lead_shape(h, {nq * dh}));
-    q = k_.ops->rms_norm(q, L.q_norm, c_.eps, true);
+    const bool zc = c_.zero_centred();
+    at::Tensor q, gate;
+    if (c_.attn_gate()) {
+      at::Tensor qg = at::linear(h, w(L.q_proj)).view(lead_shape(h, {nq, 2 * dh}));
+      q = qg.narrow(-1, 0, dh);
+      gate = qg.narrow(-1, dh, dh).reshape(lead_shape(h, {nq * dh}));
+    } else {
+      q = at::linear(h, w(L.q_proj)).view(lead_shape(h, {nq, dh}));
+    }
+    q = k_.ops->rms_norm(q, L.q_norm, c_.eps, zc);
     at::Tensor k = k_.ops->rms_norm(at::linear(h, w(L.k_proj)).view(lead_shape(h, {nkv, dh})),
-                                    L.k_norm, c_.eps, true);
+                                    L.k_norm, c_.eps, zc);
     at::Tensor v = at::linear(h, w(L.v_proj)).view(lead_shape(h, {nkv, dh}));
     q = rope(q, ctx);
     k = rope(k, ctx);
     at::Tensor o = k_.attention->forward(q, k, v, ctx.seq, 1.0 / std::sqrt(static_cast<double>(dh)));
-    o = o.reshape(lead_shape(h, {nq * dh})) * at::sigmoid(gate);
+    o = o.reshape(lead_shape(h, {nq * dh}));
+    if (gate.defined()) o = o * at::sigmoid(gate);
     return at::linear(o, w(L.o_proj));
   }
 
@@ -1080,9 +1116,9 @@ class QwenModel final : public Model {
 
   at::Tensor layer_forward(size_t i, const at::Tensor& x, const FwdCtx& ctx) const {
     const Layer& L = layers_[i];
-    at::Tensor h = k_.ops->rms_norm(x, L.in_norm, c_.eps, true);
+    at::Tensor h = k_.ops->rms_norm(x, L.in_norm, c_.eps, c_.zero_centred());
     at::Tensor r = x + (L.full ? attention(L, h, ctx) : gated_delta_net(L, h, ctx));
-    h = k_.ops->rms_norm(r, L.post_norm, c_.eps, true);
+    h = k_.ops->rms_norm(r, L.post_norm, c_.eps, c_.zero_centred());
     if (L.moe) return r + sparse_moe(L, h);
     at::Tensor m = at::linear(k_.ops->swiglu(at::linear(h, w(L.gate)), at::linear(h, w(L.up))),
                               w(L.down));

@@ -31,8 +31,8 @@ Variants cover: GQA ratios 2 and 4 and 1 (MHA), value/key head ratios 1, 2 and 3
 untied, both key prefixes (`model.` and `model.language_model.` with a nested text_config), rope
 given as rope_parameters or as legacy rope_theta/partial_rotary_factor, explicit layer_types or the
 full_attention_interval default, stray mtp.* / model.visual.* tensors that must be skipped, the
-Qwen3-Next fused in_proj_qkvz / in_proj_ba layout, and sparse MoE MLPs (norm_topk_prob on and
-off, decoder_sparse_step, mlp_only_layers, per-expert hub keys).
+Qwen3-Next fused in_proj_qkvz / in_proj_ba layout, sparse MoE MLPs (norm_topk_prob on and
+off, decoder_sparse_step, mlp_only_layers, per-expert hub keys), and a plain Qwen3 dense model.
 
 Also <out>/vlm_full/ckpt: a tiny Qwen3_5ForConditionalGeneration (text + a one-block vision tower)
 as save_pretrained writes it, plus an mtp.* tensor, for the save-layout test.
@@ -52,7 +52,7 @@ from safetensors.torch import load_file, save_file
 import transformers
 from transformers import (Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
                           Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig,
-                          Qwen3NextConfig, Qwen3NextForCausalLM)
+                          Qwen3Config, Qwen3ForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
 
 SAMPLE_LENS = [1, 5, 70, 130]
 
@@ -95,6 +95,9 @@ MODELS = {
                                          linear_num_key_heads=1, linear_num_value_heads=3,
                                          linear_key_head_dim=16, linear_value_head_dim=16, **MOE),
                      False, "language_model", "parameters", False),
+    # Plain Qwen3 dense (the second family): full attention only, no output gate, plain norms.
+    "qwen3_gqa2_tied": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+                        True, "model", "parameters", False),
 }
 
 
@@ -139,7 +142,11 @@ def build(name, family, kw, tied, strong_decay):
                   rms_norm_eps=1e-6, tie_word_embeddings=tied,
                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0 if tied else 1e7,
                                    "partial_rotary_factor": prf})
-    if family == "qwen3_5":
+    if family == "qwen3":
+        common.pop("linear_conv_kernel_dim")
+        common["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6}
+        cfg, cls = Qwen3Config(intermediate_size=128, **common, **kw), Qwen3ForCausalLM
+    elif family == "qwen3_5":
         cfg, cls = Qwen3_5TextConfig(intermediate_size=128, **common, **kw), Qwen3_5ForCausalLM
     elif family == "qwen3_5_moe":
         cfg, cls = Qwen3_5MoeTextConfig(**common, **kw), Qwen3_5MoeForCausalLM

@@ -157,7 +157,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ParityCase{"mha_r3_untied_vlm", false}, ParityCase{"mha_r3_untied_vlm", true},
                       ParityCase{"next_r2_moe", false}, ParityCase{"next_r2_moe", true},
                       ParityCase{"next_r1_step2_tied", false}, ParityCase{"next_r1_step2_tied", true},
-                      ParityCase{"moe35_r3_vlm", false}, ParityCase{"moe35_r3_vlm", true}),
+                      ParityCase{"moe35_r3_vlm", false}, ParityCase{"moe35_r3_vlm", true},
+                      ParityCase{"qwen3_gqa2_tied", false}, ParityCase{"qwen3_gqa2_tied", true}),
     parity_name);
 
 // ------------------------------------------------------------------------------------------
@@ -195,10 +196,12 @@ nlohmann::json read_json(const std::string& file) {
 
 TEST(QwenModel, SaveLoadsInTransformersWithSameLogits) {
   Kernels k = reference_kernels();
-  // Qwen3.5 (sharded source, untied) and Qwen3-Next (fused GDN, MoE experts split per expert on
-  // save, tied), both in the causal-LM layout.
-  for (std::string name : {"gqa2_r1_untied", "next_r1_step2_tied"}) {
-    const bool next = name.starts_with("next");
+  // Qwen3.5 (sharded source, untied), Qwen3-Next (fused GDN, MoE experts split per expert on
+  // save, tied) and Qwen3 dense, all in the causal-LM layout.
+  const std::map<std::string, std::string> cls = {{"gqa2_r1_untied", "Qwen3_5ForCausalLM"},
+                                                  {"next_r1_step2_tied", "Qwen3NextForCausalLM"},
+                                                  {"qwen3_gqa2_tied", "Qwen3ForCausalLM"}};
+  for (const auto& [name, hf_class] : cls) {
     std::string src = fixture(name) + "/ckpt";
     auto m = make_model(model_config({{"path", src}, {"save_shard_bytes", int64_t{100000}}}), k);
     // Move the weights away from the fixture's values so the test sees what save() wrote.
@@ -220,7 +223,7 @@ TEST(QwenModel, SaveLoadsInTransformersWithSameLogits) {
     EXPECT_EQ(a, b);
     auto s = random_samples({37}, 512, 5);
     ModelOutput o = m->forward(packed_batch(s), true);
-    double e = rel_err(o.logits, hf_logits(out, s[0].ids, next ? "Qwen3NextForCausalLM" : "Qwen3_5ForCausalLM"));
+    double e = rel_err(o.logits, hf_logits(out, s[0].ids, hf_class));
     std::printf("[roundtrip %s] transformers logits rel err %.3g\n", name.c_str(), e);
     EXPECT_LE(e, 1e-5);
     // qrun reload.
@@ -475,7 +478,7 @@ TEST(QwenModel, BadConfigUnknownModelType) {
   std::ofstream(d + "/config.json", std::ios::trunc) << R"({"model_type": "llama", "hidden_size": 64})";
   EXPECT_EQ(build_error(d), fmt::format("config {}/config.json: unknown model_type 'llama'; the qwen "
                                         "model supports qwen3_5, qwen3_5_text, qwen3_5_moe, "
-                                        "qwen3_5_moe_text and qwen3_next", d));
+                                        "qwen3_5_moe_text, qwen3_next and qwen3", d));
 }
 
 // Qwen3-Next / MoE checkpoints: the same kind of messages for their own fields and tensors.
