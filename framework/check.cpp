@@ -299,7 +299,10 @@ std::vector<Case> attention_cases(at::Generator& g) {
 //   near-0  A_log = log U(1e-4, 1e-3)               g ~ -1e-3 (state barely decays)
 //   strong  A_log = log U(8, 16), a ~ N(3, 1)        g ~ -25 .. -50 (exp(g) underflows in a chunk)
 // On CUDA (`big`) also the strong gates (judged by the token recurrence, Note [GDN judge]), many
-// tiny samples in one batch and a 32,768-token batch.
+// tiny samples in one batch and a 32,768-token batch. The strong gates are not in the CPU grid
+// because gdn-reference itself (chunk 64, fp32) FAILS them on the decay-parameter gradients
+// (measured 5e-3 max-normalised on CPU; its own cancellation, Note [GDN judge]) and its CPU check
+// runs in CI; `qrun check linear_attention/gdn-reference` on a GPU machine shows it.
 enum class Gates { Normal, Near0, Strong };
 
 Case gdn_case(at::Generator& g, int64_t h, int64_t hv, const std::vector<int64_t>& lens,
