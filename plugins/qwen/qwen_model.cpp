@@ -473,7 +473,9 @@ class QwenModel final : public Model {
     QRUN_CHECK(!(cfg.has("path") && cfg.get_string("preset") != "none"),
                "{}: give either `path` (a checkpoint) or `preset`, not both", cfg.path());
     if (cfg.has("path")) {
-      dir_ = resolve_model_dir(cfg.get_string("path"), cfg.get_string("revision"));
+      // (Configs built in code, not by the recipe validator, may lack the defaulted field.)
+      dir_ = resolve_model_dir(cfg.get_string("path"),
+                               cfg.has("revision") ? cfg.get_string("revision") : std::string("main"));
       try {
         c_ = parse_config((fs::path(dir_) / "config.json").string());
       } catch (Error& e) {
