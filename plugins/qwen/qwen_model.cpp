@@ -1220,7 +1220,7 @@ void register_all(Registrar& r) {
           "largest safetensors shard written by save()"),
   };
   r.add<Model>("qwen", "Qwen3.5 / Qwen3.5-MoE / Qwen3-Next hybrid text models (Gated DeltaNet + "
-               "gated attention, dense or MoE MLP), HF checkpoints",
+               "gated attention, dense or MoE MLP) and Qwen3 dense models, HF checkpoints",
                s, [](const Config& c) { return std::make_unique<QwenModel>(c); });
 }
 
