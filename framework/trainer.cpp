@@ -27,6 +27,7 @@
 #include <torch/torch.h>
 
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -41,11 +42,24 @@ namespace qrun {
 namespace {
 
 std::atomic<int> g_stop_signal{0};
+std::atomic<int64_t> g_stop_signal_ns{0};
 
+// The first SIGINT/SIGTERM asks the loop to stop after the current step; a second one, a second
+// or more later, ends the process the default way. Repeats within that second are the same
+// request: `timeout` signals the child and then its whole process group, so one request arrives
+// twice microseconds apart. Only async-signal-safe calls here.
 extern "C" void on_stop_signal(int sig) {
-  g_stop_signal.store(sig);
-  // A second signal ends the process the default way.
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  int64_t now = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  if (g_stop_signal.load() == 0) {
+    g_stop_signal_ns.store(now);
+    g_stop_signal.store(sig);
+    return;
+  }
+  if (now - g_stop_signal_ns.load() < 1000000000) return;
   std::signal(sig, SIG_DFL);
+  std::raise(sig);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
