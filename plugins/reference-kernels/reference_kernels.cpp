@@ -213,7 +213,15 @@ class GdnReference final : public LinearAttention {
       q = q.repeat_interleave(HV / H, 2);
       k = k.repeat_interleave(HV / H, 2);
     }
-    at::Tensor g = -at::exp(in.A_log.to(acc)) * at::softplus(a + in.dt_bias.to(acc));  // [N, L, HV]
+    // Note [Gate math in fp64]: the gates, their chunk cumsum gamma and every exp(gamma_i -
+    // gamma_j) are formed in fp64 and rounded to the compute dtype once. Strong gates (g of -25..-50
+    // per token) make gamma reach -3,000 within a chunk; differences of such fp32 cumsums, and
+    // their gradients (dA_log, ddt_bias: sums whose terms cancel), lose most of their digits in
+    // fp32 (measured: dA_log 0.39 off an fp64 evaluation relative to the size of its terms).
+    // These tensors are [T, HV] and [T/64, HV, 64, 64]: fp64 costs little here.
+    const auto gate_acc = at::kDouble;
+    at::Tensor g = -at::exp(in.A_log.to(gate_acc)) *
+                   at::softplus(a.to(gate_acc) + in.dt_bias.to(gate_acc));  // [N, L, HV]
     at::Tensor beta = at::sigmoid(b).to(acc);
     // Padded steps: g = 0, beta = 0 (no effect on the state; they come after every real token).
     g = at::where(s.valid.unsqueeze(-1), g, at::zeros({}, g.options()));
@@ -229,9 +237,10 @@ class GdnReference final : public LinearAttention {
     at::Tensor gc = g.transpose(1, 2).reshape({N, HV, nc, C});
     at::Tensor bc = beta.transpose(1, 2).reshape({N, HV, nc, C, 1});
     at::Tensor k_beta = k * bc, v_beta = v * bc;
-    at::Tensor gamma = gc.cumsum(-1);  // inclusive, within each chunk
+    at::Tensor gamma = gc.cumsum(-1);  // inclusive, within each chunk (fp64)
     // D[i, j] = exp(gamma_i - gamma_j) for j <= i, else 0 (tril before exp: no overflow).
-    at::Tensor decay = (gamma.unsqueeze(-1) - gamma.unsqueeze(-2)).tril().exp().tril();
+    at::Tensor decay = (gamma.unsqueeze(-1) - gamma.unsqueeze(-2)).tril().exp().tril().to(acc);
+    at::Tensor gamma_exp = gamma.exp().to(acc);
     at::Tensor strict_lower = at::ones({C, C}, q.options().dtype(at::kBool)).tril(-1);
     at::Tensor Lmat = at::matmul(k_beta, k.transpose(-1, -2)) * decay;
     Lmat = Lmat.masked_fill(strict_lower.logical_not(), 0.0);
@@ -240,19 +249,20 @@ class GdnReference final : public LinearAttention {
     // U = (I + L)^-1 V_beta, W = (I + L)^-1 (K_beta * e^gamma).
     at::Tensor U = at::linalg_solve_triangular(IL, v_beta, /*upper=*/false, /*left=*/true,
                                                /*unitriangular=*/true);
-    at::Tensor W = at::linalg_solve_triangular(IL, k_beta * gamma.exp().unsqueeze(-1), false, true,
+    at::Tensor W = at::linalg_solve_triangular(IL, k_beta * gamma_exp.unsqueeze(-1), false, true,
                                                true);
     at::Tensor qk = at::matmul(q, k.transpose(-1, -2)) * decay;  // keeps the diagonal
-    at::Tensor q_dec = q * gamma.exp().unsqueeze(-1);
+    at::Tensor q_dec = q * gamma_exp.unsqueeze(-1);
     at::Tensor gamma_last = gamma.select(-1, C - 1);                          // [N, HV, nc]
-    at::Tensor k_dec = k * (gamma_last.unsqueeze(-1) - gamma).exp().unsqueeze(-1);
+    at::Tensor k_dec = k * (gamma_last.unsqueeze(-1) - gamma).exp().to(acc).unsqueeze(-1);
+    at::Tensor last_exp = gamma_last.exp().to(acc);
     at::Tensor S = at::zeros({N, HV, K, V}, q.options());
     std::vector<at::Tensor> outs;
     outs.reserve(nc);
     for (int64_t c = 0; c < nc; ++c) {
       at::Tensor vnew = U.select(2, c) - at::matmul(W.select(2, c), S);
       outs.push_back(at::matmul(q_dec.select(2, c), S) + at::matmul(qk.select(2, c), vnew));
-      S = S * gamma_last.select(2, c).exp().unsqueeze(-1).unsqueeze(-1) +
+      S = S * last_exp.select(2, c).unsqueeze(-1).unsqueeze(-1) +
           at::matmul(k_dec.select(2, c).transpose(-1, -2), vnew);
     }
     at::Tensor o = at::stack(outs, 2).reshape({N, HV, L, V}).transpose(1, 2);  // [N, L, HV, V]

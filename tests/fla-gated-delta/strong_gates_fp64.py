@@ -1,4 +1,6 @@
-# tests/fla-gated-delta/strong_gates_fp64.py - the evidence behind framework/check.cpp Note [GDN judge].
+# tests/fla-gated-delta/strong_gates_fp64.py - the evidence behind framework/check.cpp Note [fp64 judge]
+# and plugins/reference-kernels Note [Gate math in fp64] (measured before gdn-reference formed its
+# gate math in fp64; the judge is now gdn-reference in fp64).
 #
 # Rebuilds one `qrun check linear_attention/...` GDN case from its seed (the CUDA grid's case
 # order and random draws, as check.cpp makes them), rounds the inputs and the cotangent to bf16 as

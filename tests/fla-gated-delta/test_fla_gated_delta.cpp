@@ -364,7 +364,7 @@ ModelRun model_step(Model& m, const std::vector<Batch>& batches) {
 // Worst norm-wise gradient difference over the parameters, the decay parameters (A_log, dt_bias)
 // apart: their gradients are sums whose terms cancel to a small value, so in a bf16 model they
 // move with the bf16 rounding of everything upstream (and gdn-reference's chunked fp32 backward
-// adds its own cancellation noise, see framework/check.cpp Note [GDN judge]). They are checked
+// rounds differently, see framework/check.cpp Note [Summed gradients]). They are checked
 // exactly at the op level by `qrun check`; here they are reported and held to a loose bound.
 struct Worst {
   double other = 0, decay = 0;
