@@ -10,6 +10,7 @@
 # For strongly negative gates the chunk-64 fp32 gradients of a, A_log and dt_bias are dominated by
 # cancellation noise (seen: dA_log 11x off, da 18% off); the fp32 token loop stays at ~1e-5.
 # CPU only, not a test:  .venv/bin/python tests/fla-gated-delta/strong_gates_fp64.py <seed> [case=10]
+# (seed 1795955231 case 2, "H=1 HV=1 normal [128,5,70]": dA_log's terms are 7,299x its value)
 # (case 10 is "H=2 HV=4 gates=strong lens=[1,2,3,63,64,65,200]"; it takes about a minute.)
 import torch, sys, math
 seed = int(sys.argv[1]); which = int(sys.argv[2]) if len(sys.argv) > 2 else 10
@@ -66,6 +67,13 @@ def loop(dt_, c, w):  # token loop, per sequence
     return o.detach(), {n: X[n].grad.detach() for n in X}
 o64, g64 = loop(torch.float64, c, w)
 o32, g32 = loop(torch.float32, c, w)
+# framework/check.cpp Note [Summed gradients]: dA_log = sum_t da * softplus(x)/sigmoid(x) and
+# ddt_bias = sum_t da (x = a + dt_bias); the size of their terms against their value.
+x = bf(c['a']).double() + bf(c['dt']).double()
+terms = g64['a'] * torch.nn.functional.softplus(x) / torch.sigmoid(x)
+print("dA_log: sum|terms| / |sum| per head:", (terms.abs().sum(0) / g64['A_log'].abs()).tolist(),
+      "(sum of terms - dA_log:", (terms.sum(0) - g64['A_log']).abs().max().item(), ")")
+print("ddt_bias: sum|da| / |sum| per head:", (g64['a'].abs().sum(0) / g64['dt'].abs()).tolist())
 for n in g64:
     a, b_ = g32[n].double(), g64[n]
     print(f"{n:6s} |truth| {b_.norm():.3e}  fp32 token-loop vs fp64: {(a-b_).norm()/b_.norm():.2e}", "truth:", b_.flatten()[:4].tolist() if n in ('A_log','dt') else "")
