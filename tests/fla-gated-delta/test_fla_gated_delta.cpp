@@ -16,6 +16,7 @@
 // those libraries. The plugin dir holds libqrun-{fla-gated-delta,reference-kernels,qwen}.so.
 #include "check.h"
 #include "registry.h"
+#include "support/batches.h"
 
 #include <qrun/sdk/kernels.h>
 #include <qrun/sdk/model.h>
@@ -259,57 +260,17 @@ void unit_gpu(Registry& r) {
 // ------------------------------------------------------------------------------------------------
 // The qwen model with this backend.
 
-Batch packed_batch(const std::vector<at::Tensor>& ids, const at::Device& dev) {
-  Batch b;
-  b.layout = Layout::Packed;
-  std::vector<at::Tensor> pos;
-  std::vector<int64_t> cu = {0};
-  std::vector<int32_t> sid;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int64_t L = ids[i].size(0);
-    pos.push_back(at::arange(L, at::kLong));
-    cu.push_back(cu.back() + L);
-    for (int64_t t = 0; t < L; ++t) sid.push_back(static_cast<int32_t>(i));
-    b.seq.max_seqlen = std::max(b.seq.max_seqlen, L);
-  }
-  b.input_ids = at::cat(ids);
-  b.labels = b.input_ids.clone();
-  b.position_ids = at::cat(pos);
-  b.seq.layout = Layout::Packed;
-  b.seq.cu_seqlens_host = cu;
-  b.seq.cu_seqlens = at::tensor(cu, at::kLong).to(at::kInt);
-  b.seq.seq_idx = at::tensor(sid, at::TensorOptions().dtype(at::kInt));
-  b.real_tokens = cu.back();
-  return b.to(dev);
+// Samples whose labels are their ids, as a batch on `dev`.
+Batch packed_on(const std::vector<at::Tensor>& ids, const at::Device& dev) {
+  std::vector<test::Sample> s;
+  for (const auto& x : ids) s.push_back({x, x});
+  return test::packed_batch(s).to(dev);
 }
 
-Batch padded_batch(const std::vector<at::Tensor>& ids, const at::Device& dev) {
-  Batch b;
-  b.layout = Layout::Padded;
-  int64_t B = static_cast<int64_t>(ids.size()), S = 1;
-  for (const auto& x : ids) S = std::max(S, x.size(0));
-  b.input_ids = at::zeros({B, S}, at::kLong);
-  b.labels = at::full({B, S}, kIgnoreIndex, at::kLong);
-  b.position_ids = at::zeros({B, S}, at::kLong);
-  b.seq.attention_mask = at::zeros({B, S}, at::kBool);
-  b.seq.seq_idx = at::full({B, S}, -1, at::kInt);
-  std::vector<int64_t> cu = {0};
-  for (int64_t i = 0; i < B; ++i) {
-    const int64_t L = ids[i].size(0);
-    b.input_ids[i].narrow(0, 0, L).copy_(ids[i]);
-    b.labels[i].narrow(0, 0, L).copy_(ids[i]);
-    b.position_ids[i].narrow(0, 0, L).copy_(at::arange(L, at::kLong));
-    b.seq.attention_mask[i].narrow(0, 0, L).fill_(true);
-    b.seq.seq_idx[i].narrow(0, 0, L).fill_(static_cast<int32_t>(i));
-    cu.push_back(cu.back() + L);
-    b.seq.max_seqlen = std::max(b.seq.max_seqlen, L);
-  }
-  b.seq.layout = Layout::Padded;
-  b.seq.cu_seqlens_host = cu;
-  b.seq.cu_seqlens = at::tensor(cu, at::kLong).to(at::kInt);
-  b.real_tokens = cu.back();
-  b.padding_tokens = B * S - cu.back();
-  return b.to(dev);
+Batch padded_on(const std::vector<at::Tensor>& ids, const at::Device& dev) {
+  std::vector<test::Sample> s;
+  for (const auto& x : ids) s.push_back({x, x});
+  return test::padded_batch(s).to(dev);
 }
 
 struct ModelKit {
@@ -395,12 +356,12 @@ void model_gpu(Registry& r) {
     samples.push_back(at::randint(248320, {L}, gen, at::kLong));
   ModelKit fla = make_model(r, "fla-gated-delta");
   ModelKit ref = make_model(r, "gdn-reference");
-  ModelRun packed = model_step(*fla.model, {packed_batch(samples, cuda)});
+  ModelRun packed = model_step(*fla.model, {packed_on(samples, cuda)});
   std::vector<Batch> alone;
-  for (const auto& s : samples) alone.push_back(packed_batch({s}, cuda));
+  for (const auto& s : samples) alone.push_back(packed_on({s}, cuda));
   ModelRun one = model_step(*fla.model, alone);
-  ModelRun padded = model_step(*fla.model, {padded_batch(samples, cuda)});
-  ModelRun refp = model_step(*ref.model, {packed_batch(samples, cuda)});
+  ModelRun padded = model_step(*fla.model, {padded_on(samples, cuda)});
+  ModelRun refp = model_step(*ref.model, {packed_on(samples, cuda)});
   std::printf("  loss sum: packed %.6f, one by one %.6f, padded %.6f; gdn-reference packed %.6f\n",
               packed.loss, one.loss, padded.loss, refp.loss);
   // bf16 end to end: both sides round every activation to bf16, in different orders (other
@@ -427,7 +388,7 @@ void model_gpu(Registry& r) {
   for (int i = 0; i < 8; ++i) {
     std::vector<at::Tensor> s;
     for (int64_t L : {300, 64, 129, 500, 17}) s.push_back(at::randint(4096, {L}, gen, at::kLong));
-    batches.push_back(packed_batch(s, cuda));
+    batches.push_back(packed_on(s, cuda));
   }
   std::vector<double> losses[2];
   for (int which = 0; which < 2; ++which) {
