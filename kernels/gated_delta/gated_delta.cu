@@ -43,7 +43,7 @@ void check_cuda(cudaError_t e, const char* what) {
 size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
 
 struct Layout {
-  size_t rq, rk, gam, bet, Tp, Pp, Tm, hs, dhs, Dl, dDl, dqh, dkh, part, total_fwd, total_bwd;
+  size_t rq, rk, gam, bet, Tp, Pp, hs, dhs, Dl, dDl, dqh, dkh, part, total_fwd, total_bwd;
 };
 
 Layout layout(const GdnProblem& p) {
@@ -59,7 +59,6 @@ Layout layout(const GdnProblem& p) {
   l.Tp = take(NT * HV * 2 * C * C * sizeof(uint16_t));
   l.Pp = take(NT * HV * 2 * C * C * sizeof(uint16_t));
   l.total_fwd = off;
-  l.Tm = take(NT * HV * C * C * f);  // backward only: prep writes it when the backward runs it
   l.hs = take(NT * HV * KV * f);
   l.dhs = take(NT * HV * KV * f);
   l.Dl = take(T * HV * DV * f);
@@ -103,9 +102,7 @@ KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
   k.bet = reinterpret_cast<float*>(w + l.bet);
   k.Tp = reinterpret_cast<__nv_bfloat16*>(w + l.Tp);
   k.Pp = reinterpret_cast<__nv_bfloat16*>(w + l.Pp);
-  k.Tm = nullptr;
   if (bwd) {
-    k.Tm = reinterpret_cast<float*>(w + l.Tm);
     k.hs = reinterpret_cast<float*>(w + l.hs);
     k.dhs = reinterpret_cast<float*>(w + l.dhs);
     k.Dl = reinterpret_cast<float*>(w + l.Dl);

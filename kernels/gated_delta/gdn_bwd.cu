@@ -18,9 +18,8 @@ constexpr int CPL = C * LDP;  // one [64][LDP] plane
 // V-loop view of the union (bf16): S0 and dS_C planes [2][128][LDP], Delta and dDelta planes
 // [2][64][LDP], raw dO and v slices [64][LDP], T planes [2][64][64] (swizzled)
 constexpr int kVloopEl = 4 * SPL + 4 * CPL + 2 * CPL + 2 * C * C;
-constexpr int LDW = DK + 8;   // bf16 row stride of the dW region (sizes the post-loop view)
-constexpr int kPostF = C * LDW + 2 * C * LDC;  // post-loop view (floats): dW (fp32), M1, G
-static_assert(C * LDK <= C * LDW, "fp32 dW must fit its region");
+constexpr int LDW = DK + 8;   // dW plane row stride (bf16)
+constexpr int kPostF = C * LDW + 2 * C * LDC;  // post-loop view (floats): dW planes, M1, G
 // the post-loop view must leave the T planes (end of the V-loop view) intact
 static_assert(2 * kPostF <= 4 * SPL + 6 * CPL, "post-loop view overlaps the T planes");
 constexpr int kUnion = (kVloopEl / 2 > kPostF) ? kVloopEl / 2 : kPostF;
@@ -30,11 +29,8 @@ size_t bwd_smem_bytes() { return (size_t)kBwdSmemF * sizeof(float); }
 
 // Per (chunk, value head). q/k stay raw bf16 in shared memory (l2norm row scales rsQ/rsK applied
 // outside the products). The V loop (the bulk of the FLOPs) runs on bf16 tensor cores with hi/lo
-// split operands (gdn_mma16.cuh), and so do Pg K, Pg^T Q and Gsym K after it (dq/dk only). The
-// WY products that feed dgamma (dW K^T, T^T dW, M1 = dT T^T, T^T M1) are 3xTF32 on fp32 operands
-// (fp32 T from the workspace): dg, dA_log and ddt_bias of strongly decaying gates are small sums
-// that 16-bit operands left off by up to 7e-3 (v11, `qrun check` strong case). KK^T and QK^T are
-// exact raw TF32 products through warp_mma.
+// split operands (gdn_mma16.cuh), and so does the WY part after it (KK^T and QK^T: exact raw
+// TF32 products through warp_mma).
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
   extern __shared__ __align__(128) float sm[];
   __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][LDKB]
@@ -58,12 +54,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   __nv_bfloat16* Vb = dOb + CPL;
   __nv_bfloat16* Tpb = Vb + CPL;
   // post-loop view
-  float* dWf = U;                // [C][LDK] fp32 dW
-  float* M1s = U + C * LDW;      // [C][LDC]
+  __nv_bfloat16* dWp = reinterpret_cast<__nv_bfloat16*>(U);  // [2][C][LDW] hi/lo planes of dW
+  float* M1s = U + C * LDW;      // [C][LDC] (holds the dT planes)
+  __nv_bfloat16* dTp = reinterpret_cast<__nv_bfloat16*>(M1s);
   float* Gs = M1s + C * LDC;     // [C][LDC]
-  // fp32 T (swizzled [64][64]) over the T planes once the V loop is done (v12: the products that
-  // feed dgamma run as 3xTF32 on fp32 operands, see below)
-  float* Tf = reinterpret_cast<float*>(Tpb);
   float* gam = U + kUnion;
   float* bet = gam + C;
   float* dbp = bet + C;          // [4][C] dbeta partial (V loop)
@@ -116,9 +110,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   auto Qn = [&](int r, int cc) { return __bfloat162float(Qb[r * LDKB + cc]) * rsQ[r]; };
   auto Kr = [&](int r, int cc) { return __bfloat162float(Kb[r * LDKB + cc]); };
   auto Qr = [&](int r, int cc) { return __bfloat162float(Qb[r * LDKB + cc]); };
-  // element (r, c) of the fp32 T copy: XOR swizzle of 4-column groups (fewer bank conflicts for
-  // the row- and column-wise fragment reads of warp_mma; float4 groups stay contiguous)
-  auto tf_at = [](int r, int cc) { return r * C + (cc ^ ((r & 7) << 2)); };
   if (tid < C) {
     const int r = tid < L ? tid : L - 1;
     gam[tid] = p.gam[(t0 + r) * p.HV + hv];
@@ -301,13 +292,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     x = r < L ? expf(gl - gam[r]) * x : 0.f;
   });
   __syncthreads();  // union free now
-  {  // fp32 T over the (now unused) T planes; first read after later barriers
-    const float4* tg = reinterpret_cast<const float4*>(p.Tm + (c * p.HV + hv) * (int64_t)(C * C));
-    for (int v = tid; v < C * C / 4; v += kBwdThreads) {
-      const int r = v >> 4, c4 = (v & 15) * 4;
-      *reinterpret_cast<float4*>(Tf + tf_at(r, c4)) = __ldg(tg + v);
-    }
-  }
   // Pg = s (dO Delta^T) .* Gamma (lower incl. diagonal, valid rows): fp32 for the dgamma sums, and
   // bf16 planes of Pg diag(rsK) (A of Pg K) and diag(rsQ) Pg (A^T of Pg^T Q)
 #pragma unroll
@@ -336,7 +320,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     j += 16 * wc;
     dTs[r * LDC + j] = bet[j] * x;
   });
-  for_frag(aW, [&](int r, int j, float& x) { dWf[(16 * wr + r) * LDK + 32 * wc + j] = -x; });  // dW, fp32
+#pragma unroll
+  for (int nn = 0; nn < 4; ++nn)  // dW = -aW as bf16 hi/lo planes
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * wr + gq + 8 * hh, cc = 32 * wc + nn * 8 + 2 * tq;
+      uint32_t hi, lo;
+      split2(-aW[nn][2 * hh], -aW[nn][2 * hh + 1], hi, lo);
+      *reinterpret_cast<uint32_t*>(dWp + r * LDW + cc) = hi;
+      *reinterpret_cast<uint32_t*>(dWp + C * LDW + r * LDW + cc) = lo;
+    }
   {  // QK = Q K^T (into Gs, free until the Ghat phase)
     float acc[2][4];
     zero_acc(acc);
@@ -423,9 +416,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   {
     float acc[2][4];
     zero_acc(acc);
-    // feeds dgamma (through dT -> M1 -> Ghat): 3xTF32, A = fp32 dW, B = raw K (exact, 2 MMAs)
-    warp_mma<2, DK, false, true>(acc, [&](int m, int k) { return dWf[(16 * wr + m) * LDK + k]; },
-                                 [&](int k, int nn) { return Kr(16 * wc + nn, k); });
+    // bf16 tensor cores: A = dW planes, B = raw K (B[k][n] = K[n][k], K rows via ldmatrix)
+#pragma unroll
+    for (int k0 = 0; k0 < DK; k0 += 16) {
+      uint32_t ah[4], al[4], b[4];
+      const int ao = a_off(LDW, 16 * wr, k0, lane);
+      ldsm_x4(ah, dWp + ao);
+      ldsm_x4(al, dWp + C * LDW + ao);
+      ldsm_x4(b, Kb + bn_off(LDKB, k0, 16 * wc, lane));
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        mma_bf16(acc[t], al, b[2 * t], b[2 * t + 1]);
+        mma_bf16(acc[t], ah, b[2 * t], b[2 * t + 1]);
+      }
+    }
 #pragma unroll
     for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
@@ -438,17 +442,38 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
           const float x = dTs[r * LDC + jj] + bet[jj] * expf(gam[jj]) * rsK[jj] * acc[nn][2 * hh + u];
           v[u] = (r > jj && r < L) ? x : 0.f;
         }
-        // final dT, fp32 (A of M1 = dT T^T); every element is read and written by its own lane
-        dTs[r * LDC + j] = v[0];
-        dTs[r * LDC + j + 1] = v[1];
+        const int o = swz_el<C>(r, j);  // dT planes (A of M1 = dT T^T)
+        uint32_t hi, lo;
+        split2(v[0], v[1], hi, lo);
+        *reinterpret_cast<uint32_t*>(dTp + o) = hi;
+        *reinterpret_cast<uint32_t*>(dTp + C * C + o) = lo;
       }
   }
   {  // TtdW = T^T dW: dK += diag(beta e^gam) TtdW ; row dot with K
     float acc[4][4];
     zero_acc(acc);
-    // feeds dgamma (row dot w below): 3xTF32, A = T^T (fp32 T), B = fp32 dW
-    warp_mma<4, C>(acc, [&](int m, int k) { return Tf[tf_at(k, 16 * wr + m)]; },
-                   [&](int k, int nn) { return dWf[k * LDK + 32 * wc + nn]; });
+    // bf16 tensor cores: A = T^T (T planes, transposed loads), B = dW planes
+#pragma unroll
+    for (int k0 = 0; k0 < C; k0 += 16) {
+      uint32_t ah[4], al[4];
+      const int ao = at_off_sw<C>(16 * wr, k0, lane);
+      ldsm_x4_t(ah, Tpb + ao);
+      ldsm_x4_t(al, Tpb + C * C + ao);
+#pragma unroll
+      for (int nh = 0; nh < 2; ++nh) {
+        uint32_t bh[4], bl[4];
+        const int bo = b_off(LDW, k0, 32 * wc + 16 * nh, lane);
+        ldsm_x4_t(bh, dWp + bo);
+        ldsm_x4_t(bl, dWp + C * LDW + bo);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          const int nt = 2 * nh + t;
+          mma_bf16(acc[nt], al, bh[2 * t], bh[2 * t + 1]);
+          mma_bf16(acc[nt], ah, bl[2 * t], bl[2 * t + 1]);
+          mma_bf16(acc[nt], ah, bh[2 * t], bh[2 * t + 1]);
+        }
+      }
+    }
     float w0, w1;
     frag_rowdot(acc, [&](int r, int j) { return Kn((16 * wr + r), 32 * wc + j); }, w0, w1);
     __syncthreads();  // rp reuse
@@ -477,18 +502,54 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   {
     float acc[2][4];
     zero_acc(acc);
-    // feeds dgamma (through Ghat): 3xTF32, A = fp32 dT, B = T^T (B[k][n] = T[n][k])
-    warp_mma<2, C>(acc, [&](int m, int k) { return dTs[(16 * wr + m) * LDC + k]; },
-                   [&](int k, int nn) { return Tf[tf_at(16 * wc + nn, k)]; });
-    for_frag(acc, [&](int r, int j, float& x) { M1s[(16 * wr + r) * LDC + 16 * wc + j] = x; });
+    // A = dT planes, B = T^T (B[k][n] = T[n][k]: T planes, non-transposed loads)
+#pragma unroll
+    for (int k0 = 0; k0 < C; k0 += 16) {
+      uint32_t ah[4], al[4], bh[4], bl[4];
+      const int ao = a_off_sw<C>(16 * wr, k0, lane), bo = bn_off_sw<C>(k0, 16 * wc, lane);
+      ldsm_x4(ah, dTp + ao);
+      ldsm_x4(al, dTp + C * C + ao);
+      ldsm_x4(bh, Tpb + bo);
+      ldsm_x4(bl, Tpb + C * C + bo);
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        mma_bf16(acc[t], al, bh[2 * t], bh[2 * t + 1]);
+        mma_bf16(acc[t], ah, bl[2 * t], bl[2 * t + 1]);
+        mma_bf16(acc[t], ah, bh[2 * t], bh[2 * t + 1]);
+      }
+    }
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn)  // M1 planes (B of Ghat) in XpA (Pg K is long done)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * wr + gq + 8 * hh, j = 16 * wc + nn * 8 + 2 * tq;
+        const int o = swz_el<C>(r, j);
+        uint32_t hi, lo;
+        split2(acc[nn][2 * hh], acc[nn][2 * hh + 1], hi, lo);
+        *reinterpret_cast<uint32_t*>(XpA + o) = hi;
+        *reinterpret_cast<uint32_t*>(XpA + C * C + o) = lo;
+      }
   }
   __syncthreads();
   {  // Ghat = -(T^T M1) .* Gamma, strictly lower valid
     float acc[2][4];
     zero_acc(acc);
-    // feeds dgamma (sb, sc below): 3xTF32, A = T^T (fp32 T), B = fp32 M1
-    warp_mma<2, C>(acc, [&](int m, int k) { return Tf[tf_at(k, 16 * wr + m)]; },
-                   [&](int k, int nn) { return M1s[k * LDC + 16 * wc + nn]; });
+    // A = T^T (transposed loads of the T planes), B = M1 planes [k][n]
+#pragma unroll
+    for (int k0 = 0; k0 < C; k0 += 16) {
+      uint32_t ah[4], al[4], bh[4], bl[4];
+      const int ao = at_off_sw<C>(16 * wr, k0, lane), bo = b_off_sw<C>(k0, 16 * wc, lane);
+      ldsm_x4_t(ah, Tpb + ao);
+      ldsm_x4_t(al, Tpb + C * C + ao);
+      ldsm_x4_t(bh, XpA + bo);
+      ldsm_x4_t(bl, XpA + C * C + bo);
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        mma_bf16(acc[t], al, bh[2 * t], bh[2 * t + 1]);
+        mma_bf16(acc[t], ah, bl[2 * t], bl[2 * t + 1]);
+        mma_bf16(acc[t], ah, bh[2 * t], bh[2 * t + 1]);
+      }
+    }
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr;
       j += 16 * wc;

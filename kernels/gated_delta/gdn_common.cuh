@@ -40,9 +40,8 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
 // returning fp32 (normally shared-memory reads) with tile-local indices. KD must be a multiple of
 // 8. AX / BX: the A / B values are exactly representable in TF32 (e.g. raw bf16 inputs), so their
 // low split part is zero and its MMA is skipped. Since v11 the kernels call it only with raw
-// operands (KK^T, QK^T: one exact TF32 MMA per tile); since v12 also with fp32 operands for the
-// four bwd_chunk products that feed dgamma (dW K^T, T^T dW, dT T^T, T^T M1); everything else runs
-// on bf16 planes (gdn_mma16.cuh).
+// operands (KK^T, QK^T: one exact TF32 MMA per tile); everything else runs on bf16 planes
+// (gdn_mma16.cuh).
 template <int NT8, int KD, bool AX = false, bool BX = false, class FA, class FB>
 __device__ __forceinline__ void warp_mma(float (&acc)[NT8][4], FA A, FB B) {
   const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;

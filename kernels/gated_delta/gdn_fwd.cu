@@ -190,10 +190,8 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
     __syncthreads();
   }
   __nv_bfloat16* Tpg = p.Tp + (c * p.HV + hv) * (int64_t)(2 * C * C);  // hi/lo planes
-  float* Tg = p.Tm ? p.Tm + (c * p.HV + hv) * (int64_t)(C * C) : nullptr;  // fp32 T (backward only)
   for (int i = tid; i < C * C; i += blockDim.x) {
     const float v = Ts[(i >> 6) * LDC + (i & 63)];
-    if (Tg) Tg[i] = v;
     const __nv_bfloat16 hi = __float2bfloat16_rn(v);
     Tpg[i] = hi;
     Tpg[C * C + i] = __float2bfloat16_rn(v - __bfloat162float(hi));

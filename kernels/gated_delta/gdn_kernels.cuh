@@ -29,7 +29,6 @@ struct KParams {
   float* rq; float* rk;      // [T,H]
   float* gam; float* bet;    // [T,HV]
   __nv_bfloat16* Tp; __nv_bfloat16* Pp;  // [NT,HV,2,64,64] bf16 hi/lo planes of T and P
-  float* Tm;                 // [NT,HV,64,64] fp32 T for bwd_chunk's dgamma products (null in the forward)
   float* hs; float* dhs;     // [NT,HV,K,V]
   float* Dl; float* dDl;     // [T,HV,V]
   float* dqh; float* dkh;    // [T,HV,K]
