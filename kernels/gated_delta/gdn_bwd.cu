@@ -30,7 +30,7 @@ size_t bwd_smem_bytes() { return (size_t)kBwdSmemF * sizeof(float); }
 // Per (chunk, value head). q/k stay raw bf16 in shared memory (l2norm row scales rsQ/rsK applied
 // outside the products). The V loop (the bulk of the FLOPs) runs on bf16 tensor cores with hi/lo
 // split operands (gdn_mma16.cuh), and so does the WY part after it (KK^T and QK^T: exact raw
-// TF32 products through warp_mma).
+// bf16 products, mma_raw_rows).
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
   extern __shared__ __align__(128) float sm[];
   __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][LDKB]
@@ -105,11 +105,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
       rsQ[tid] = ok ? (p.l2norm ? p.rq[(t0 + tid) * p.H + h] : 1.f) : 0.f;
     }
   }
-  // normalised q/k values (raw x l2norm scale) for the fp32 (warp_mma) part
+  // normalised q/k values (raw x l2norm scale) for the row dots of the dgamma sums
   auto Kn = [&](int r, int cc) { return __bfloat162float(Kb[r * LDKB + cc]) * rsK[r]; };
   auto Qn = [&](int r, int cc) { return __bfloat162float(Qb[r * LDKB + cc]) * rsQ[r]; };
-  auto Kr = [&](int r, int cc) { return __bfloat162float(Kb[r * LDKB + cc]); };
-  auto Qr = [&](int r, int cc) { return __bfloat162float(Qb[r * LDKB + cc]); };
   if (tid < C) {
     const int r = tid < L ? tid : L - 1;
     gam[tid] = p.gam[(t0 + r) * p.HV + hv];
@@ -124,8 +122,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   {  // KK = K K^T (raw operands, exact products; scales applied after)
     float acc[2][4];
     zero_acc(acc);
-    warp_mma<2, DK, true, true>(acc, [&](int m, int k) { return Kr(16 * wr + m, k); },
-                                [&](int k, int nn) { return Kr(16 * wc + nn, k); });
+    mma_raw_rows<2, DK, LDKB>(acc, Kb, 16 * wr, Kb, 16 * wc);
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr; j += 16 * wc;
       KKs[r * LDC + j] = x * rsK[r] * rsK[j];
@@ -333,8 +330,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   {  // QK = Q K^T (into Gs, free until the Ghat phase)
     float acc[2][4];
     zero_acc(acc);
-    warp_mma<2, DK, true, true>(acc, [&](int m, int k) { return Qr(16 * wr + m, k); },
-                                [&](int k, int nn) { return Kr(16 * wc + nn, k); });
+    mma_raw_rows<2, DK, LDKB>(acc, Qb, 16 * wr, Kb, 16 * wc);
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr; j += 16 * wc;
       Gs[r * LDC + j] = x * rsQ[r] * rsK[j];

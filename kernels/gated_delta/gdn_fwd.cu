@@ -45,6 +45,27 @@ constexpr int LDKB = DK + 8;  // raw bf16 q/k row stride
 // raw bf16 q/k (exact operands) instead of fp32 copies: 72 KB, so three blocks fit per SM
 size_t prep_smem_bytes() { return (size_t)2 * C * LDKB * 2 + (2 * C * LDC + 3 * 256 + 2 * C) * sizeof(float); }
 
+// One distance step of the blocked inverse (see gdn_prep_kernel): warp j < 4 - D computes
+// T_{j+D, j}. X (the per-warp 16x16 scratch, 3 x 256 floats) holds the intermediate sum.
+template <int D>
+__device__ __forceinline__ void inv_merge(const float* As, float* Ts, float* X, int warp) {
+  if (warp < 4 - D) {
+    const int j = warp, i = j + D;
+    float acc[2][4];
+    zero_acc(acc);
+    warp_mma<2, 16 * D>(acc, [&](int m, int k) { return As[(16 * i + m) * LDC + 16 * j + k]; },
+                        [&](int k, int n) { return Ts[(16 * j + k) * LDC + 16 * j + n]; });
+    float* Xw = X + 256 * warp;
+    for_frag(acc, [&](int r, int c, float& x) { Xw[r * 16 + c] = x; });
+    __syncwarp();
+    zero_acc(acc);
+    warp_mma<2, 16>(acc, [&](int m, int k) { return Ts[(16 * i + m) * LDC + 16 * i + k]; },
+                    [&](int k, int n) { return Xw[k * 16 + n]; });
+    for_frag(acc, [&](int r, int c, float& x) { Ts[(16 * i + r) * LDC + 16 * j + c] = -x; });
+  }
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
   extern __shared__ __align__(16) float sm[];
   __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][LDKB] raw
@@ -135,8 +156,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
   {  // A = strictly-lower beta_r (k_r.k_j) Gamma_rj
     float acc[4][4];
     zero_acc(acc);
-    warp_mma<4, DK, true, true>(acc, [&](int m, int k) { return __bfloat162float(Kb[(16 * wr + m) * LDKB + k]); },
-                                [&](int k, int nn) { return __bfloat162float(Kb[(32 * wc + nn) * LDKB + k]); });
+    mma_raw_rows<4, DK, LDKB>(acc, Kb, 16 * wr, Kb, 32 * wc);
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr; j += 32 * wc;
       As[r * LDC + j] = (r > j && r < L) ? bet[r] * rsK[r] * rsK[j] * x * expf(gam[r] - gam[j]) : 0.f;
@@ -145,56 +165,53 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
   {  // P = lower-incl-diag (q_r.k_j) Gamma_rj
     float acc[4][4];
     zero_acc(acc);
-    warp_mma<4, DK, true, true>(acc, [&](int m, int k) { return __bfloat162float(Qb[(16 * wr + m) * LDKB + k]); },
-                                [&](int k, int nn) { return __bfloat162float(Kb[(32 * wc + nn) * LDKB + k]); });
+    mma_raw_rows<4, DK, LDKB>(acc, Qb, 16 * wr, Kb, 32 * wc);
     __nv_bfloat16* P = p.Pp + (c * p.HV + hv) * (int64_t)(2 * C * C);  // hi/lo planes
-    for_frag(acc, [&](int r, int j, float& x) {
-      r += 16 * wr; j += 32 * wc;
-      const float v = (r >= j && r < L) ? rsQ[r] * rsK[j] * x * expf(gam[r] - gam[j]) : 0.f;
-      const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-      P[r * C + j] = hi;
-      P[C * C + r * C + j] = __float2bfloat16_rn(v - __bfloat162float(hi));
-    });
-  }
-  __syncthreads();
-  // T = (I + A)^-1: 16x16 diagonal blocks by forward substitution, then block merges.
-  if (warp < 4) {
-    const int lane = tid & 31, b0 = 16 * warp;
-    if (lane < 16) {
-      const int cc = b0 + lane;
-      for (int r = 0; r < 16; ++r) {
-        float x = (r == lane) ? 1.f : 0.f;
-        for (int j = 0; j < r; ++j) x -= As[(b0 + r) * LDC + b0 + j] * Ts[(b0 + j) * LDC + cc];
-        Ts[(b0 + r) * LDC + cc] = x;
-        __syncwarp(0xffffu);
+    const int lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int nn = 0; nn < 4; ++nn)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * wr + gq + 8 * hh, j = 32 * wc + nn * 8 + 2 * tq;
+        float v[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+          v[u] = (r >= j + u && r < L) ? rsQ[r] * rsK[j + u] * acc[nn][2 * hh + u] * expf(gam[r] - gam[j + u]) : 0.f;
+        uint32_t hi, lo;
+        split2(v[0], v[1], hi, lo);
+        *reinterpret_cast<uint32_t*>(P + r * C + j) = hi;
+        *reinterpret_cast<uint32_t*>(P + C * C + r * C + j) = lo;
       }
-    }
   }
   __syncthreads();
-  for (int d = 1; d < 4; ++d) {
-    const int nb = 4 - d;
-    // X_ij = sum_{k=j}^{i-1} A_ik T_kj   (i = j + d)
-    for (int e = tid; e < nb * 256; e += blockDim.x) {
-      const int j = e >> 8, i = j + d, r = (e >> 4) & 15, cc = e & 15;
-      float x = 0.f;
-      for (int m = 16 * j; m < 16 * i; ++m) x += As[(16 * i + r) * LDC + m] * Ts[m * LDC + 16 * j + cc];
-      scr[e] = x;
+  // T = (I + A)^-1: the four 16x16 diagonal blocks by forward substitution (one lane per column,
+  // the column in registers), then the off-diagonal blocks by distance d = i - j:
+  //   T_ij = -T_ii X,  X = sum_{k=j}^{i-1} A_ik T_kj   (one warp per block, 3xTF32 products)
+  if (warp < 2) {
+    const int lane = tid & 31, b0 = 16 * (2 * warp + (lane >> 4)), cl = lane & 15;
+    float t[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const float* arow = As + (b0 + r) * LDC + b0;
+      float x = (r == cl) ? 1.f : 0.f;
+#pragma unroll
+      for (int j = 0; j < r; ++j) x -= arow[j] * t[j];
+      t[r] = x;
     }
-    __syncthreads();
-    for (int e = tid; e < nb * 256; e += blockDim.x) {
-      const int j = e >> 8, i = j + d, r = (e >> 4) & 15, cc = e & 15;
-      float x = 0.f;
-      for (int m = 0; m < 16; ++m) x += Ts[(16 * i + r) * LDC + 16 * i + m] * scr[(j << 8) + (m << 4) + cc];
-      Ts[(16 * i + r) * LDC + 16 * j + cc] = -x;
-    }
-    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 16; ++r) Ts[(b0 + r) * LDC + b0 + cl] = t[r];
   }
+  __syncthreads();
+  inv_merge<1>(As, Ts, scr, warp);
+  inv_merge<2>(As, Ts, scr, warp);
+  inv_merge<3>(As, Ts, scr, warp);
   __nv_bfloat16* Tpg = p.Tp + (c * p.HV + hv) * (int64_t)(2 * C * C);  // hi/lo planes
-  for (int i = tid; i < C * C; i += blockDim.x) {
-    const float v = Ts[(i >> 6) * LDC + (i & 63)];
-    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-    Tpg[i] = hi;
-    Tpg[C * C + i] = __float2bfloat16_rn(v - __bfloat162float(hi));
+  for (int i = 2 * tid; i < C * C; i += 2 * kPrepThreads) {
+    const float2 v = *reinterpret_cast<const float2*>(Ts + (i >> 6) * LDC + (i & 63));
+    uint32_t hi, lo;
+    split2(v.x, v.y, hi, lo);
+    *reinterpret_cast<uint32_t*>(Tpg + i) = hi;
+    *reinterpret_cast<uint32_t*>(Tpg + C * C + i) = lo;
   }
 }
 

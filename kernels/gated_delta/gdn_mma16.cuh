@@ -70,6 +70,30 @@ __device__ __forceinline__ int bn_off(int ld, int k0, int n0, int l) {
   return (n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8;
 }
 
+// acc (a 16 x 8*NT tile at (m0, n0), NT even) += A[m0:m0+16, :KD] * B[n0:n0+8NT, :KD]^T with A and
+// B raw bf16 row-major [rows][LD] matrices (not swizzled; LD*2 bytes a multiple of 16 and not of
+// 128, e.g. 136 elements, keeps the 8 row addresses of an ldmatrix in distinct banks). Products of
+// bf16 values are exact in fp32, so this is the exact raw x raw product (KK^T, QK^T) with fp32
+// accumulation.
+template <int NT, int KD, int LD>
+__device__ __forceinline__ void mma_raw_rows(float (&acc)[NT][4], const __nv_bfloat16* A, int m0,
+                                             const __nv_bfloat16* B, int n0) {
+  static_assert(NT % 2 == 0 && KD % 16 == 0, "tile shape");
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k0 = 0; k0 < KD; k0 += 16) {
+    uint32_t a[4];
+    ldsm_x4(a, A + a_off(LD, m0, k0, lane));
+#pragma unroll
+    for (int nh = 0; nh < NT / 2; ++nh) {
+      uint32_t b[4];
+      ldsm_x4(b, B + bn_off(LD, k0, n0 + 16 * nh, lane));
+      mma_bf16(acc[2 * nh], a, b[0], b[1]);
+      mma_bf16(acc[2 * nh + 1], a, b[2], b[3]);
+    }
+  }
+}
+
 // 128-byte-swizzled planes (rows of a multiple of 64 bf16; 16-byte chunk index XOR (row & 7)):
 // conflict-free ldmatrix without padding. Element (r, c) with c a multiple of 8:
 template <int LD>
