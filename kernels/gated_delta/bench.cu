@@ -41,6 +41,21 @@ static void fill_bf16(__nv_bfloat16* d, size_t n, float scale, std::mt19937& rng
   CK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
 }
 
+#ifdef QRUN_GDN_PHASES
+namespace qrun::gdn::detail {
+void gdn_debug_phases_seq(unsigned long long* out);  // null: reset
+void gdn_debug_phases_bwd(unsigned long long* out);
+}  // namespace qrun::gdn::detail
+// Per-phase cycle split of one launch sequence (thread 0 of every block, summed over blocks).
+static void print_phases(const char* what, const unsigned long long* c, int lo, int hi) {
+  unsigned long long tot = 0;
+  for (int i = lo; i < hi; ++i) tot += c[i];
+  std::printf("  phases %-10s", what);
+  for (int i = lo; i < hi; ++i) std::printf(" %d:%4.1f%%", i, tot ? 100.0 * c[i] / tot : 0.0);
+  std::printf("  (total %.3g cycles)\n", (double)tot);
+}
+#endif
+
 int main(int argc, char** argv) {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -150,6 +165,26 @@ int main(int argc, char** argv) {
     const double tf = time_it([&] { gdn_forward(p, fo, ws, wsb, nullptr); });
     const double tb = time_it([&] { gdn_backward(p, io, ws, wsb, nullptr); });
     CK(cudaGetLastError());
+#ifdef QRUN_GDN_PHASES
+    {
+      using namespace qrun::gdn::detail;
+      unsigned long long c[32];
+      gdn_debug_phases_seq(nullptr);
+      gdn_forward(p, fo, ws, wsb, nullptr);
+      CK(cudaDeviceSynchronize());
+      gdn_debug_phases_seq(c);
+      print_phases("state fwd", c, 0, 7);
+      gdn_debug_phases_seq(nullptr);
+      gdn_debug_phases_bwd(nullptr);
+      gdn_backward(p, io, ws, wsb, nullptr);
+      CK(cudaDeviceSynchronize());
+      gdn_debug_phases_seq(c);
+      print_phases("state bwd", c, 0, 7);
+      print_phases("dh", c, 8, 15);
+      gdn_debug_phases_bwd(c);
+      print_phases("bwd_chunk", c, 0, 15);
+    }
+#endif
     const double th = (double)T * HV;
     // compulsory bytes: fwd reads q,k (bf16, per key head), v, g, beta; writes o.
     const double bytes_f = (double)T * H * K * 2 * 2 + th * V * 2 * 2 + th * (4 + 2);

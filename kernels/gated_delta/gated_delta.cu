@@ -264,6 +264,8 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
   k.dv = io.dv; k.dv_st = io.dv_st; k.dv_sh = io.dv_sh;
   k.dg = io.dg; k.dbeta = io.dbeta; k.dA_log = io.dA_log; k.ddt = io.ddt_bias; k.dh0 = io.d_initial_state;
   k.vec_do = aligned16(io.dO, io.do_st, io.do_sh);
+  const size_t pair_bytes = io.grad_dtype == DType::F32 ? 8 : 4;
+  k.pair_dv = io.dv && reinterpret_cast<uintptr_t>(io.dv) % pair_bytes == 0 && io.dv_st % 2 == 0 && io.dv_sh % 2 == 0;
   Prof pr(s);
   launch_common_fwd(k, p, s, pr);
   if (p.num_seqs > 0) {

@@ -9,6 +9,8 @@
 #include "gdn_mma16.cuh"
 
 namespace qrun::gdn::detail {
+GDN_PH_DECL
+GDN_PH_HOST(gdn_debug_phases_bwd)
 
 constexpr int kBwdThreads = 512;
 constexpr int LDKB = DK + 8;  // raw bf16 q/k row stride
@@ -33,6 +35,7 @@ size_t bwd_smem_bytes() { return (size_t)kBwdSmemF * sizeof(float); }
 // bf16 products, mma_raw_rows).
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
   extern __shared__ __align__(128) float sm[];
+  GDN_PH_START
   __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][LDKB]
   __nv_bfloat16* Qb = Kb + C * LDKB;
   float* rsK = reinterpret_cast<float*>(Qb + C * LDKB);
@@ -119,6 +122,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   }
   cp_async_wait_all();
   __syncthreads();
+  GDN_PH(0);
   {  // KK = K K^T (raw operands, exact products; scales applied after)
     float acc[2][4];
     zero_acc(acc);
@@ -128,6 +132,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
       KKs[r * LDC + j] = x * rsK[r] * rsK[j];
     });
   }
+  GDN_PH(1);
   const float gl = gam[L - 1];
 
   float aQ[4][4], aKs[4][4], aW[4][4], aPD[2][4], aT[2][4];
@@ -135,6 +140,22 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   float frob = 0.f;
   const float* hg = p.hs + (c * p.HV + hv) * KV;
   const float* dhg = p.dhs + (c * p.HV + hv) * KV;
+  // L2 prefetch of V slice vs (one 128-byte line per thread: S0 and dS rows, then Delta, dDelta,
+  // dO and v rows), issued one slice ahead so that the slice's loads hit L2.
+  const auto prefetch_slice = [&](int vs) {
+    const int v0 = vs * BV, r = tid & 127;
+    const int64_t dst = (int64_t)p.HV * DV;
+    if (tid < 256) {
+      prefetch_l2((tid < 128 ? hg : dhg) + (int64_t)r * DV + v0);
+    } else if ((tid & 63) < L) {
+      const int rr = tid & 63, which = (tid - 256) >> 6;
+      if (which == 0) prefetch_l2(p.Dl + (t0 * p.HV + hv) * DV + v0 + rr * dst);
+      else if (which == 1) prefetch_l2(p.dDl + (t0 * p.HV + hv) * DV + v0 + rr * dst);
+      else if (which == 2) prefetch_l2(bf16_at(p.dO, (t0 + rr) * p.do_st + (int64_t)hv * p.do_sh + v0));
+      else prefetch_l2(bf16_at(p.v, (t0 + rr) * p.v_st + (int64_t)hv * p.v_sh + v0));
+    }
+  };
+  prefetch_slice(0);
   {  // T hi/lo planes (for dV = T^T dDelta), waited for in the first slice
     const __nv_bfloat16* tpg = p.Tp + (c * p.HV + hv) * (int64_t)(2 * C * C);
     for (int v = tid; v < 2 * C * C / 8; v += kBwdThreads) {
@@ -196,6 +217,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     }
     if (vs == 0) cp_async_wait_all();
     __syncthreads();
+    if (vs + 1 < NVS) prefetch_slice(vs + 1);
+    GDN_PH(2);
     // dQ += dO S0^T ; dKs += Delta dSC^T ; dW += dDelta S0^T   (16 x 32 tiles: rows 16wr, cols 32wc)
     // PD += dO Delta^T ; dT += dDelta V^T                     (16 x 16 tiles: rows 16wr, cols 16wc)
 #pragma unroll
@@ -243,9 +266,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
         }
       }
     }
+    GDN_PH(3);
     {  // dV = diag(beta) T^T dDelta (16 x 8 tiles: rows 16wr, cols 8wc) ; dbeta += rowsum(T^T dDelta .* V)
-      float acc[1][4];
+      float acc[1][4], acc2[1][4];  // two accumulators: two independent MMA chains
       zero_acc(acc);
+      zero_acc(acc2);
       const int sel = (wc & 1) * 2;
 #pragma unroll
       for (int k0 = 0; k0 < C; k0 += 16) {
@@ -256,22 +281,36 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
         const int bo = b_off(LDP, k0, 16 * (wc >> 1), lane);
         ldsm_x4_t(bh, DDp + bo);
         ldsm_x4_t(bl, DDp + CPL + bo);
-        mma_bf16(acc[0], al, bh[sel], bh[sel + 1]);
-        mma_bf16(acc[0], ah, bl[sel], bl[sel + 1]);
+        mma_bf16(acc2[0], al, bh[sel], bh[sel + 1]);
+        mma_bf16(acc2[0], ah, bl[sel], bl[sel + 1]);
         mma_bf16(acc[0], ah, bh[sel], bh[sel + 1]);
       }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[0][e] += acc2[0][e];
       float r0, r1;
       frag_rowdot(acc, [&](int r, int j) { return __bfloat162float(Vb[(16 * wr + r) * LDP + 8 * wc + j]); }, r0, r1);
       if (tq == 0) {
         dbp[wc * C + 16 * wr + gq] += r0;
         dbp[wc * C + 16 * wr + gq + 8] += r1;
       }
-      for_frag(acc, [&](int r, int j, float& x) {
-        r += 16 * wr;
-        j += 8 * wc;
-        if (r < L) st_any(p.dv, p.gdt, (t0 + r) * p.dv_st + (int64_t)hv * p.dv_sh + v0 + j, bet[r] * x);
-      });
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * wr + gq + 8 * hh, j = 8 * wc + 2 * tq;
+        if (r >= L) continue;
+        const float x0 = bet[r] * acc[0][2 * hh], x1 = bet[r] * acc[0][2 * hh + 1];
+        const int64_t o = (t0 + r) * p.dv_st + (int64_t)hv * p.dv_sh + v0 + j;
+        if (p.pair_dv) {
+          if (p.gdt == 1)
+            *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.dv) + o) = __floats2bfloat162_rn(x0, x1);
+          else
+            *reinterpret_cast<float2*>(static_cast<float*>(p.dv) + o) = make_float2(x0, x1);
+        } else {
+          st_any(p.dv, p.gdt, o, x0);
+          st_any(p.dv, p.gdt, o + 1, x1);
+        }
+      }
     }
+    GDN_PH(4);
   }
   // block-reduce frob (deterministic)
   {
@@ -289,6 +328,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     x = r < L ? expf(gl - gam[r]) * x : 0.f;
   });
   __syncthreads();  // union free now
+  GDN_PH(5);
   // Pg = s (dO Delta^T) .* Gamma (lower incl. diagonal, valid rows): fp32 for the dgamma sums, and
   // bf16 planes of Pg diag(rsK) (A of Pg K) and diag(rsQ) Pg (A^T of Pg^T Q)
 #pragma unroll
@@ -353,6 +393,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     }
   }
   __syncthreads();
+  GDN_PH(6);
   {  // 8 threads per row (8 adjacent lanes), fixed-order reduction
     const int r = tid >> 3, part = tid & 7;
     float e = 0.f;
@@ -408,6 +449,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
       }
     }
   }
+  GDN_PH(7);
   // dT += dW (diag(beta e^gam) K)^T, masked to strictly lower valid
   {
     float acc[2][4];
@@ -445,6 +487,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
         *reinterpret_cast<uint32_t*>(dTp + C * C + o) = lo;
       }
   }
+  GDN_PH(8);
   {  // TtdW = T^T dW: dK += diag(beta e^gam) TtdW ; row dot with K
     float acc[4][4];
     zero_acc(acc);
@@ -487,6 +530,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
       }
   }
   __syncthreads();
+  GDN_PH(9);
   if (tid < C) {
     const int r = tid;
     const float w = (rp[r] + rp[C + r] + rp[2 * C + r] + rp[3 * C + r]);
@@ -527,6 +571,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
       }
   }
   __syncthreads();
+  GDN_PH(10);
   {  // Ghat = -(T^T M1) .* Gamma, strictly lower valid
     float acc[2][4];
     zero_acc(acc);
@@ -553,6 +598,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     });
   }
   __syncthreads();
+  GDN_PH(11);
   // row/col sums: dbeta_r += sum_j G_rj KK_rj ; dgam_r += sum_j E_rj - sum_j E_jr, E = G beta_r KK
   {  // 8 threads per row (8 adjacent lanes), fixed-order reduction
     const int r = tid >> 3, part = tid & 7;
@@ -582,6 +628,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     *reinterpret_cast<uint32_t*>(XpB + C * C + o) = lo;
   }
   __syncthreads();
+  GDN_PH(12);
 #pragma unroll
   for (int k0 = 0; k0 < C; k0 += 16) {
     uint32_t ah[4], al[4];
@@ -605,21 +652,31 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     if (r < L) p.dkh[((t0 + r) * p.HV + hv) * DK + j] = x;
   });
   __syncthreads();
-  if (tid == 0) {
-    float fr = 0.f;
-    for (int w = 0; w < kBwdThreads / 32; ++w) fr += red[w];
-    float sk = 0.f;
-    for (int r = 0; r < L - 1; ++r) {
-      sk += rks[r];
-      dgam[r] -= rks[r];
+  GDN_PH(13);
+  if (warp == 0) {  // lane owns rows 2*lane, 2*lane+1; fixed-order warp reductions and scan
+    float fr = lane < kBwdThreads / 32 ? red[lane] : 0.f;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) fr += __shfl_xor_sync(0xffffffffu, fr, o);
+    const int r0 = 2 * lane, r1 = r0 + 1;
+    const float k0 = r0 < L - 1 ? rks[r0] : 0.f, k1 = r1 < L - 1 ? rks[r1] : 0.f;
+    float sk = k0 + k1;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) sk += __shfl_xor_sync(0xffffffffu, sk, o);
+    const float last = expf(gl) * fr + sk;
+    float d0 = r0 < L ? dgam[r0] - k0 + (r0 == L - 1 ? last : 0.f) : 0.f;
+    float d1 = r1 < L ? dgam[r1] - k1 + (r1 == L - 1 ? last : 0.f) : 0.f;
+    // reverse cumsum within the chunk -> dg (suffix sums over the lanes' pairs)
+    const float pair = d0 + d1;
+    float suf = pair;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_down_sync(0xffffffffu, suf, o);
+      if (lane + o < 32) suf += y;
     }
-    dgam[L - 1] += expf(gl) * fr + sk;
-    // reverse cumsum within the chunk -> dg; gate / beta grads
-    float acc = 0.f;
-    for (int r = L - 1; r >= 0; --r) {
-      acc += dgam[r];
-      dgam[r] = acc;
-    }
+    float after = __shfl_down_sync(0xffffffffu, suf, 1);  // exclusive: the pairs after this lane's
+    if (lane == 31) after = 0.f;
+    dgam[r0] = d0 + d1 + after;
+    dgam[r1] = d1 + after;
   }
   __syncthreads();
   if (tid < L) {
@@ -643,13 +700,25 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   }
   if (p.gate_fused) {
     __syncthreads();
-    if (tid == 0) {
+    if (warp == 0) {
       float sa = 0.f, sd = 0.f;
-      for (int r = 0; r < L; ++r) { sa += rp[r]; sd += rp[C + r]; }
-      p.part[(c * p.HV + hv) * 2] = sa;
-      p.part[(c * p.HV + hv) * 2 + 1] = sd;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int r = 2 * lane + u;
+        if (r < L) { sa += rp[r]; sd += rp[C + r]; }
+      }
+#pragma unroll
+      for (int o = 16; o; o >>= 1) {
+        sa += __shfl_xor_sync(0xffffffffu, sa, o);
+        sd += __shfl_xor_sync(0xffffffffu, sd, o);
+      }
+      if (lane == 0) {
+        p.part[(c * p.HV + hv) * 2] = sa;
+        p.part[(c * p.HV + hv) * 2 + 1] = sd;
+      }
     }
   }
+  GDN_PH(14);
 }
 
 // One warp per (token, key head): sum dq/dk over the value-head group, l2norm backward.

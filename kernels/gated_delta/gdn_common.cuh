@@ -8,6 +8,34 @@
 
 namespace qrun::gdn::detail {
 
+// Debug aid, off by default (build with -DQRUN_GDN_PHASES): thread 0 of every block adds the
+// clock64 cycles since its previous mark to a per-phase counter of the translation unit; bench
+// prints the split (gdn_debug_phases_*). Thread 0 passes every barrier, so a phase includes the
+// waits of the block's slowest warp.
+#ifdef QRUN_GDN_PHASES
+#define GDN_PH_DECL static __device__ unsigned long long gdn_phase_clk[32];
+#define GDN_PH_START long long gdn_ph_t_ = clock64();
+#define GDN_PH(n)                                                                       \
+  do {                                                                                  \
+    if (threadIdx.x == 0) {                                                             \
+      const long long t_ = clock64();                                                   \
+      atomicAdd(&gdn_phase_clk[n], (unsigned long long)(t_ - gdn_ph_t_));              \
+      gdn_ph_t_ = t_;                                                                   \
+    }                                                                                   \
+  } while (0)
+#define GDN_PH_HOST(name)                                                               \
+  void name(unsigned long long* out) {                                                  \
+    static const unsigned long long zero[32] = {};                                      \
+    if (out) cudaMemcpyFromSymbol(out, gdn_phase_clk, sizeof(zero));                    \
+    else cudaMemcpyToSymbol(gdn_phase_clk, zero, sizeof(zero));                         \
+  }
+#else
+#define GDN_PH_DECL
+#define GDN_PH_START
+#define GDN_PH(n) do {} while (0)
+#define GDN_PH_HOST(name)
+#endif
+
 constexpr int C = 64;     // chunk
 constexpr int DK = 128;   // K
 constexpr int DV = 128;   // V

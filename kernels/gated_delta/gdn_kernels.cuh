@@ -46,6 +46,8 @@ struct KParams {
   float* dg; float* dbeta; float* dA_log; float* ddt; float* dh0;
   // 16-byte vector loads allowed (pointer and strides aligned)
   int vec_q, vec_k, vec_v, vec_do;
+  // dv rows may be written as element pairs (4 or 8 bytes; pointer and strides allow it)
+  int pair_dv;
 };
 
 __device__ __forceinline__ const __nv_bfloat16* bf16_at(const void* p, int64_t off) {

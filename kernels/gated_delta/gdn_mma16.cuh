@@ -123,6 +123,12 @@ __device__ __forceinline__ int swz_el(int r, int c) {
   return swz<LD>(r, c & ~7) + (c & 7);
 }
 
+// Hint: fetch the 128-byte line holding p into L2 (no register or shared-memory destination), so
+// that a later load of data needed one phase ahead does not pay the DRAM latency then.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 // 16-byte async copy global -> shared; src_bytes = 0 zero-fills (src must still be a valid address).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),

@@ -13,6 +13,8 @@
 #include "gdn_mma16.cuh"
 
 namespace qrun::gdn::detail {
+GDN_PH_DECL
+GDN_PH_HOST(gdn_debug_phases_seq)
 
 namespace {
 
@@ -274,6 +276,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
   const bool want_h = (mode & 2) != 0;
   const int64_t KV = (int64_t)DK * DV;
   const int srow = 16 * warp;  // state rows of this warp
+  GDN_PH_START
 
   float st[4][4];
 #pragma unroll
@@ -305,6 +308,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     const float* rsK = s.rsK + b * C;
     const float* rsQ = s.rsQ + b * C;
     __syncthreads();  // previous chunk fully done with Kb, Pp, Sp
+    GDN_PH(0);
     ld_qk(s.Kb, p.k, p.k_st, p.k_sh, p.vec_k, h, g);
     cp_async_commit();
     if (want_o) ld_planes(s.Pp, p.Pp, p, hv, g);
@@ -321,6 +325,16 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     }
     cp_async_wait<1>();  // all but P_c
     __syncthreads();
+    GDN_PH(1);
+    if (c + 1 < c_end) {  // L2 prefetch of what the next step loads first: its k tile and P planes
+      const ChunkGeo g1 = chunk_geo(c + 1, c_beg, bos, eos);
+      if (tid < 128) {
+        const int r = tid >> 1;
+        if (r < g1.L) prefetch_l2(bf16_at(p.k, (g1.t0 + r) * p.k_st + (int64_t)h * p.k_sh + (tid & 1) * 64));
+      } else if (want_o) {
+        prefetch_l2(p.Pp + (g1.c * p.HV + hv) * (int64_t)(2 * C * C) + (tid - 128) * 64);
+      }
+    }
     const float gl = gam[L - 1];
     if (tid < C) s.dec[tid] = tid < L ? expf(gl - gam[tid]) * rsK[tid] : 0.f;  // decay x l2norm scale
     // P1
@@ -355,6 +369,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       });
     }
     __syncthreads();
+    GDN_PH(2);
     // Qb, Xb and the other vector buffer are free: prefetch chunk c+1
     if (c + 1 < c_end) {
       const ChunkGeo g1 = chunk_geo(c + 1, c_beg, bos, eos);
@@ -368,6 +383,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       zero4(aD);
       mma_split_split<false>(aD, s.Tp, 16 * wr, s.Yp, 16 * wc);
       __syncthreads();  // Y planes are reused for Delta' = diag(dec) Delta; Tp is free
+      GDN_PH(3);
       if (c + 1 < c_end) ld_planes(s.Tp, p.Tp, p, hv, chunk_geo(c + 1, c_beg, bos, eos));
       cp_async_commit();
       const auto mask = [&](int r, int, float x) { return r < L ? x : 0.f; };
@@ -387,6 +403,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     }
     cp_async_wait<2>();  // P_c landed (the two prefetch groups may still be in flight)
     __syncthreads();
+    GDN_PH(4);
     if (want_o) {  // P3: O = s (e^gam rsQ O1 + P Delta)
       const int r0 = 16 * wr + gq;
       const float f0 = expf(gam[r0]) * rsQ[r0], f1 = expf(gam[r0 + 8]) * rsQ[r0 + 8];
@@ -404,6 +421,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
           if (r < L) o[(t0 + r) * p.o_st + (int64_t)hv * p.o_sh + v0 + j] = __float2bfloat16_rn(p.scale * aO[nn][e]);
         }
     }
+    GDN_PH(5);
     {  // P4: S = e^{gam_L} S + K^T Delta'
       const float eg = expf(gl);
 #pragma unroll
@@ -413,6 +431,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       mma_raw_split<C, DK, true, 4>(st, s.Kb, srow, s.Yp, CP_EL, 0);
       // P1 of this chunk was the last reader of the old planes (two barriers ago)
       store_planes(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; });
+      GDN_PH(6);
     }
   }
   cp_async_wait<0>();
@@ -446,6 +465,7 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
   const int v0 = vs * BV;
   const int64_t KV = (int64_t)DK * DV;
   const int srow = 16 * warp;
+  GDN_PH_START
 
   float st[4][4];
 #pragma unroll
@@ -477,6 +497,7 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
     const float* rsK = s.rsK + b * C;
     const float* rsQ = s.rsQ + b * C;
     __syncthreads();  // previous chunk fully done with Kb, Qb, Sp
+    GDN_PH(8);
     ld_qk(s.Kb, p.k, p.k_st, p.k_sh, p.vec_k, h, g);
     cp_async_commit();
     ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g);
@@ -493,9 +514,18 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
     }
     cp_async_wait<1>();  // all but Q_c
     __syncthreads();
+    GDN_PH(9);
+    if (c - 1 >= c_beg) {  // L2 prefetch of the k and q tiles the next (earlier) chunk loads first
+      const ChunkGeo g1 = chunk_geo(c - 1, c_beg, bos, eos);
+      const int r = (tid & 127) >> 1;
+      if (r < g1.L)
+        prefetch_l2(tid < 128 ? bf16_at(p.k, (g1.t0 + r) * p.k_st + (int64_t)h * p.k_sh + (tid & 1) * 64)
+                              : bf16_at(p.q, (g1.t0 + r) * p.q_st + (int64_t)h * p.q_sh + (tid & 1) * 64));
+    }
     const float gl = gam[L - 1];
     if (tid < C) s.dec[tid] = tid < L ? expf(gl - gam[tid]) * rsK[tid] : 0.f;
     __syncthreads();
+    GDN_PH(10);
     {  // 1. dDelta
       float a1[2][4], a2[2][4];
       zero4(a1);
@@ -528,6 +558,7 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
       });
     }
     __syncthreads();
+    GDN_PH(11);
     // Pp, Xb and the other vector buffer are free: prefetch chunk c-1
     if (c - 1 >= c_beg) {
       const ChunkGeo g1 = chunk_geo(c - 1, c_beg, bos, eos);
@@ -541,6 +572,7 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
       zero4(az);
       mma_split_split<true>(az, s.Tp, 16 * wr, s.Dp, 16 * wc);
       __syncthreads();  // dDelta planes are reused for Z; Tp is free
+      GDN_PH(12);
       if (c - 1 >= c_beg) ld_planes(s.Tp, p.Tp, p, hv, chunk_geo(c - 1, c_beg, bos, eos));
       cp_async_commit();
       const int r0 = 16 * wr + gq;
@@ -551,6 +583,7 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
     }
     cp_async_wait<2>();  // Q_c landed
     __syncthreads();
+    GDN_PH(13);
     {  // 3. dS = e^gl dS + Q^T dO' + K^T Z
       const float eg = expf(gl);
 #pragma unroll
@@ -560,6 +593,7 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
       mma_raw_split<C, DK, true, 4>(st, s.Qb, srow, s.Yp, CP_EL, 0);
       mma_raw_split<C, DK, true, 4>(st, s.Kb, srow, s.Dp, CP_EL, 0);
       store_planes(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; });
+      GDN_PH(14);
     }
   }
   cp_async_wait<0>();
