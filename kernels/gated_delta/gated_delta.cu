@@ -237,6 +237,7 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   KParams k = make_params(p, ws, false);
   k.o = out.o; k.o_st = out.o_st; k.o_sh = out.o_sh;
+  k.pair_o = out.o && reinterpret_cast<uintptr_t>(out.o) % 4 == 0 && out.o_st % 2 == 0 && out.o_sh % 2 == 0;
   k.ht = out.final_state;
   Prof pr(s);
   launch_common_fwd(k, p, s, pr);

@@ -426,11 +426,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
       }
     }
   }
-  for_frag(aQ, [&](int r, int j, float& x) {
-    r += 16 * wr;
-    j += 32 * wc;
-    if (r < L) p.dqh[((t0 + r) * p.HV + hv) * DK + j] = x;
-  });
+  store_rows_f2(p.dqh + (t0 * p.HV + hv) * DK, (int64_t)p.HV * DK, aQ, 16 * wr, 32 * wc, L);
   // dK_direct = dK_state + Pg^T Q
 #pragma unroll
   for (int k0 = 0; k0 < C; k0 += 16) {
@@ -646,11 +642,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
       }
     }
   }
-  for_frag(aKs, [&](int r, int j, float& x) {
-    r += 16 * wr;
-    j += 32 * wc;
-    if (r < L) p.dkh[((t0 + r) * p.HV + hv) * DK + j] = x;
-  });
+  store_rows_f2(p.dkh + (t0 * p.HV + hv) * DK, (int64_t)p.HV * DK, aKs, 16 * wr, 32 * wc, L);
   __syncthreads();
   GDN_PH(13);
   if (warp == 0) {  // lane owns rows 2*lane, 2*lane+1; fixed-order warp reductions and scan

@@ -140,6 +140,22 @@ __device__ __forceinline__ void frag_rowdot(float (&acc)[NT8][4], FX X, float& r
   r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
 }
 
+// Stores a warp's m16 x (8*NT8) fp32 accumulator tile at (r0, c0) of a row-major fp32 matrix
+// (row stride ld elements, 8-byte aligned rows) as float2 pairs; rows >= L are skipped.
+template <int NT8>
+__device__ __forceinline__ void store_rows_f2(float* base, int64_t ld, const float (&acc)[NT8][4], int r0,
+                                              int c0, int L) {
+  const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = r0 + gq + 8 * hh;
+    if (r >= L) continue;
+#pragma unroll
+    for (int n = 0; n < NT8; ++n)
+      *reinterpret_cast<float2*>(base + r * ld + c0 + n * 8 + 2 * tq) = make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+  }
+}
+
 __device__ __forceinline__ float ld_bf16(const void* p, int64_t i) {
   return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
 }

@@ -206,12 +206,16 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
   inv_merge<2>(As, Ts, scr, warp);
   inv_merge<3>(As, Ts, scr, warp);
   __nv_bfloat16* Tpg = p.Tp + (c * p.HV + hv) * (int64_t)(2 * C * C);  // hi/lo planes
-  for (int i = 2 * tid; i < C * C; i += 2 * kPrepThreads) {
-    const float2 v = *reinterpret_cast<const float2*>(Ts + (i >> 6) * LDC + (i & 63));
-    uint32_t hi, lo;
-    split2(v.x, v.y, hi, lo);
-    *reinterpret_cast<uint32_t*>(Tpg + i) = hi;
-    *reinterpret_cast<uint32_t*>(Tpg + C * C + i) = lo;
+  for (int i = 8 * tid; i < C * C; i += 8 * kPrepThreads) {  // 8 elements: 16-byte stores per plane
+    const float* src = Ts + (i >> 6) * LDC + (i & 63);
+    const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
+    uint4 hi, lo;
+    split2(a.x, a.y, hi.x, lo.x);
+    split2(a.z, a.w, hi.y, lo.y);
+    split2(b.x, b.y, hi.z, lo.z);
+    split2(b.z, b.w, hi.w, lo.w);
+    *reinterpret_cast<uint4*>(Tpg + i) = hi;
+    *reinterpret_cast<uint4*>(Tpg + C * C + i) = lo;
   }
 }
 

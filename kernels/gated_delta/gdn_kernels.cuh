@@ -48,6 +48,7 @@ struct KParams {
   int vec_q, vec_k, vec_v, vec_do;
   // dv rows may be written as element pairs (4 or 8 bytes; pointer and strides allow it)
   int pair_dv;
+  int pair_o;   // o rows may be written as bf16 pairs (4 bytes)
 };
 
 __device__ __forceinline__ const __nv_bfloat16* bf16_at(const void* p, int64_t off) {

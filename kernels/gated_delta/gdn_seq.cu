@@ -416,9 +416,17 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
 #pragma unroll
       for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          GDN_FRAG_RC(16 * wr, 16 * wc, nn, e);
-          if (r < L) o[(t0 + r) * p.o_st + (int64_t)hv * p.o_sh + v0 + j] = __float2bfloat16_rn(p.scale * aO[nn][e]);
+        for (int hh = 0; hh < 2; ++hh) {
+          GDN_FRAG_RC(16 * wr, 16 * wc, nn, 2 * hh);
+          if (r >= L) continue;
+          const int64_t off = (t0 + r) * p.o_st + (int64_t)hv * p.o_sh + v0 + j;
+          const float x0 = p.scale * aO[nn][2 * hh], x1 = p.scale * aO[nn][2 * hh + 1];
+          if (p.pair_o) {
+            *reinterpret_cast<__nv_bfloat162*>(o + off) = __floats2bfloat162_rn(x0, x1);
+          } else {
+            o[off] = __float2bfloat16_rn(x0);
+            o[off + 1] = __float2bfloat16_rn(x1);
+          }
         }
     }
     GDN_PH(5);

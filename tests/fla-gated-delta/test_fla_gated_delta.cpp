@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -423,8 +424,11 @@ int test_gpu(Registry& r, bool with_check) {
   }
   unit_gpu(r);
   if (with_check) {
-    int rc = run_check({"linear_attention/fla-gated-delta", "--seed", "random"}, r);
-    expect(rc == 0, "qrun check linear_attention/fla-gated-delta (fresh seed)");
+    // QRUN_FLA_CHECK_SEED=<n> replays one seed of the check (it prints the seed it drew)
+    const char* seed = std::getenv("QRUN_FLA_CHECK_SEED");
+    int rc = run_check({"linear_attention/fla-gated-delta", "--seed", seed ? seed : "random"}, r);
+    expect(rc == 0, seed ? fmt::format("qrun check linear_attention/fla-gated-delta (seed {})", seed)
+                         : std::string("qrun check linear_attention/fla-gated-delta (fresh seed)"));
   }
   model_gpu(r);
   std::printf("fla-gated-delta GPU test: %s\n", g_failures == 0 ? "PASS" : "FAIL");
