@@ -409,42 +409,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   }
   // dQ += Pg K (final for this value head)
   // (the l2norm scale of K is folded into A so that B is the exact raw bf16 K: 2 MMAs)
-#pragma unroll
-  for (int k0 = 0; k0 < C; k0 += 16) {
-    uint32_t ah[4], al[4];
-    const int ao = a_off_sw<C>(16 * wr, k0, lane);
-    ldsm_x4(ah, XpA + ao);
-    ldsm_x4(al, XpA + C * C + ao);
-#pragma unroll
-    for (int nh = 0; nh < 2; ++nh) {
-      uint32_t b[4];
-      ldsm_x4_t(b, Kb + b_off(LDKB, k0, 32 * wc + 16 * nh, lane));
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        mma_bf16(aQ[2 * nh + t], al, b[2 * t], b[2 * t + 1]);
-        mma_bf16(aQ[2 * nh + t], ah, b[2 * t], b[2 * t + 1]);
-      }
-    }
-  }
+  mma_planes64_raw<false, LDKB>(aQ, XpA, 16 * wr, Kb, 32 * wc);
   store_rows_f2(p.dqh + (t0 * p.HV + hv) * DK, (int64_t)p.HV * DK, aQ, 16 * wr, 32 * wc, L);
   // dK_direct = dK_state + Pg^T Q
-#pragma unroll
-  for (int k0 = 0; k0 < C; k0 += 16) {
-    uint32_t ah[4], al[4];
-    const int ao = at_off_sw<C>(16 * wr, k0, lane);
-    ldsm_x4_t(ah, XpB + ao);
-    ldsm_x4_t(al, XpB + C * C + ao);
-#pragma unroll
-    for (int nh = 0; nh < 2; ++nh) {
-      uint32_t b[4];
-      ldsm_x4_t(b, Qb + b_off(LDKB, k0, 32 * wc + 16 * nh, lane));
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        mma_bf16(aKs[2 * nh + t], al, b[2 * t], b[2 * t + 1]);
-        mma_bf16(aKs[2 * nh + t], ah, b[2 * t], b[2 * t + 1]);
-      }
-    }
-  }
+  mma_planes64_raw<true, LDKB>(aKs, XpB, 16 * wr, Qb, 32 * wc);
   GDN_PH(7);
   // dT += dW (diag(beta e^gam) K)^T, masked to strictly lower valid
   {
@@ -539,21 +507,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     float acc[2][4];
     zero_acc(acc);
     // A = dT planes, B = T^T (B[k][n] = T[n][k]: T planes, non-transposed loads)
-#pragma unroll
-    for (int k0 = 0; k0 < C; k0 += 16) {
-      uint32_t ah[4], al[4], bh[4], bl[4];
-      const int ao = a_off_sw<C>(16 * wr, k0, lane), bo = bn_off_sw<C>(k0, 16 * wc, lane);
-      ldsm_x4(ah, dTp + ao);
-      ldsm_x4(al, dTp + C * C + ao);
-      ldsm_x4(bh, Tpb + bo);
-      ldsm_x4(bl, Tpb + C * C + bo);
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        mma_bf16(acc[t], al, bh[2 * t], bh[2 * t + 1]);
-        mma_bf16(acc[t], ah, bl[2 * t], bl[2 * t + 1]);
-        mma_bf16(acc[t], ah, bh[2 * t], bh[2 * t + 1]);
-      }
-    }
+    mma_planes64<false, true>(acc, dTp, 16 * wr, Tpb, 16 * wc);
 #pragma unroll
     for (int nn = 0; nn < 2; ++nn)  // M1 planes (B of Ghat) in XpA (Pg K is long done)
 #pragma unroll
@@ -572,21 +526,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     float acc[2][4];
     zero_acc(acc);
     // A = T^T (transposed loads of the T planes), B = M1 planes [k][n]
-#pragma unroll
-    for (int k0 = 0; k0 < C; k0 += 16) {
-      uint32_t ah[4], al[4], bh[4], bl[4];
-      const int ao = at_off_sw<C>(16 * wr, k0, lane), bo = b_off_sw<C>(k0, 16 * wc, lane);
-      ldsm_x4_t(ah, Tpb + ao);
-      ldsm_x4_t(al, Tpb + C * C + ao);
-      ldsm_x4_t(bh, XpA + bo);
-      ldsm_x4_t(bl, XpA + C * C + bo);
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        mma_bf16(acc[t], al, bh[2 * t], bh[2 * t + 1]);
-        mma_bf16(acc[t], ah, bl[2 * t], bl[2 * t + 1]);
-        mma_bf16(acc[t], ah, bh[2 * t], bh[2 * t + 1]);
-      }
-    }
+    mma_planes64<true, false>(acc, Tpb, 16 * wr, XpA, 16 * wc);
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr;
       j += 16 * wc;
@@ -625,23 +565,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   }
   __syncthreads();
   GDN_PH(12);
-#pragma unroll
-  for (int k0 = 0; k0 < C; k0 += 16) {
-    uint32_t ah[4], al[4];
-    const int ao = a_off_sw<C>(16 * wr, k0, lane);
-    ldsm_x4(ah, XpB + ao);
-    ldsm_x4(al, XpB + C * C + ao);
-#pragma unroll
-    for (int nh = 0; nh < 2; ++nh) {
-      uint32_t b[4];
-      ldsm_x4_t(b, Kb + b_off(LDKB, k0, 32 * wc + 16 * nh, lane));
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        mma_bf16(aKs[2 * nh + t], al, b[2 * t], b[2 * t + 1]);
-        mma_bf16(aKs[2 * nh + t], ah, b[2 * t], b[2 * t + 1]);
-      }
-    }
-  }
+  mma_planes64_raw<false, LDKB>(aKs, XpB, 16 * wr, Kb, 32 * wc);
   store_rows_f2(p.dkh + (t0 * p.HV + hv) * DK, (int64_t)p.HV * DK, aKs, 16 * wr, 32 * wc, L);
   __syncthreads();
   GDN_PH(13);

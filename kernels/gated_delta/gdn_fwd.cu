@@ -45,23 +45,24 @@ constexpr int LDKB = DK + 8;  // raw bf16 q/k row stride
 // raw bf16 q/k (exact operands) instead of fp32 copies: 72 KB, so three blocks fit per SM
 size_t prep_smem_bytes() { return (size_t)2 * C * LDKB * 2 + (2 * C * LDC + 3 * 256 + 2 * C) * sizeof(float); }
 
-// One distance step of the blocked inverse (see gdn_prep_kernel): warp j < 4 - D computes
-// T_{j+D, j}. X (the per-warp 16x16 scratch, 3 x 256 floats) holds the intermediate sum.
+// One distance step of the blocked inverse (see gdn_prep_kernel): T_{j+D, j} for j < 4 - D, two
+// warps per block (8 columns each, so 6, 4 and 2 of the 8 warps work in the three steps). X (the
+// per-warp 16x8 scratch, 6 x 128 floats) holds the intermediate sum.
 template <int D>
 __device__ __forceinline__ void inv_merge(const float* As, float* Ts, float* X, int warp) {
-  if (warp < 4 - D) {
-    const int j = warp, i = j + D;
-    float acc[2][4];
+  if (warp < 2 * (4 - D)) {
+    const int j = warp >> 1, i = j + D, c0 = 16 * j + 8 * (warp & 1);
+    float acc[1][4];
     zero_acc(acc);
-    warp_mma<2, 16 * D>(acc, [&](int m, int k) { return As[(16 * i + m) * LDC + 16 * j + k]; },
-                        [&](int k, int n) { return Ts[(16 * j + k) * LDC + 16 * j + n]; });
-    float* Xw = X + 256 * warp;
-    for_frag(acc, [&](int r, int c, float& x) { Xw[r * 16 + c] = x; });
+    warp_mma<1, 16 * D>(acc, [&](int m, int k) { return As[(16 * i + m) * LDC + 16 * j + k]; },
+                        [&](int k, int n) { return Ts[(16 * j + k) * LDC + c0 + n]; });
+    float* Xw = X + 128 * warp;
+    for_frag(acc, [&](int r, int c, float& x) { Xw[r * 8 + c] = x; });
     __syncwarp();
     zero_acc(acc);
-    warp_mma<2, 16>(acc, [&](int m, int k) { return Ts[(16 * i + m) * LDC + 16 * i + k]; },
-                    [&](int k, int n) { return Xw[k * 16 + n]; });
-    for_frag(acc, [&](int r, int c, float& x) { Ts[(16 * i + r) * LDC + 16 * j + c] = -x; });
+    warp_mma<1, 16>(acc, [&](int m, int k) { return Ts[(16 * i + m) * LDC + 16 * i + k]; },
+                    [&](int k, int n) { return Xw[k * 8 + n]; });
+    for_frag(acc, [&](int r, int c, float& x) { Ts[(16 * i + r) * LDC + c0 + c] = -x; });
   }
   __syncthreads();
 }
@@ -70,6 +71,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
   extern __shared__ __align__(16) float sm[];
   __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][LDKB] raw
   __nv_bfloat16* Qb = Kb + C * LDKB;
+  __nv_bfloat16* Ps = Qb;  // after QK^T: P hi/lo planes, swizzled [2][64][64] (16 KB of the q tile)
   float* As = reinterpret_cast<float*>(Qb + C * LDKB);
   float* Ts = As + C * LDC;
   float* scr = Ts + C * LDC;  // 768
@@ -166,7 +168,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
     float acc[4][4];
     zero_acc(acc);
     mma_raw_rows<4, DK, LDKB>(acc, Qb, 16 * wr, Kb, 32 * wc);
-    __nv_bfloat16* P = p.Pp + (c * p.HV + hv) * (int64_t)(2 * C * C);  // hi/lo planes
+    __syncthreads();  // every warp is done with the q tile: it becomes the P staging area
     const int lane = tid & 31, gq = lane >> 2, tq = lane & 3;
 #pragma unroll
     for (int nn = 0; nn < 4; ++nn)
@@ -179,24 +181,34 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
           v[u] = (r >= j + u && r < L) ? rsQ[r] * rsK[j + u] * acc[nn][2 * hh + u] * expf(gam[r] - gam[j + u]) : 0.f;
         uint32_t hi, lo;
         split2(v[0], v[1], hi, lo);
-        *reinterpret_cast<uint32_t*>(P + r * C + j) = hi;
-        *reinterpret_cast<uint32_t*>(P + C * C + r * C + j) = lo;
+        *reinterpret_cast<uint32_t*>(Ps + swz_el<C>(r, j)) = hi;
+        *reinterpret_cast<uint32_t*>(Ps + C * C + swz_el<C>(r, j)) = lo;
       }
   }
   __syncthreads();
+  if (warp >= 2) {  // P planes to global as 16-byte rows (warps 0-1 start the inverse meanwhile)
+    __nv_bfloat16* P = p.Pp + (c * p.HV + hv) * (int64_t)(2 * C * C);
+    for (int v = tid - 64; v < 2 * C * C / 8; v += kPrepThreads - 64) {
+      const int pl = v >> 9, r = (v >> 3) & 63, c8 = (v & 7) * 8;
+      *reinterpret_cast<uint4*>(P + v * 8) = *reinterpret_cast<const uint4*>(Ps + pl * C * C + swz<C>(r, c8));
+    }
+  }
   // T = (I + A)^-1: the four 16x16 diagonal blocks by forward substitution (one lane per column,
   // the column in registers), then the off-diagonal blocks by distance d = i - j:
-  //   T_ij = -T_ii X,  X = sum_{k=j}^{i-1} A_ik T_kj   (one warp per block, 3xTF32 products)
+  //   T_ij = -T_ii X,  X = sum_{k=j}^{i-1} A_ik T_kj   (two warps per block, 3xTF32 products)
   if (warp < 2) {
     const int lane = tid & 31, b0 = 16 * (2 * warp + (lane >> 4)), cl = lane & 15;
     float t[16];
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
       const float* arow = As + (b0 + r) * LDC + b0;
-      float x = (r == cl) ? 1.f : 0.f;
+      float x0 = (r == cl) ? 1.f : 0.f, x1 = 0.f;  // two chains (even / odd j)
 #pragma unroll
-      for (int j = 0; j < r; ++j) x -= arow[j] * t[j];
-      t[r] = x;
+      for (int j = 0; j < r; ++j) {
+        if (j & 1) x1 -= arow[j] * t[j];
+        else x0 -= arow[j] * t[j];
+      }
+      t[r] = x0 + x1;
     }
 #pragma unroll
     for (int r = 0; r < 16; ++r) Ts[(b0 + r) * LDC + b0 + cl] = t[r];

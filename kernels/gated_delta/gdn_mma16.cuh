@@ -129,6 +129,76 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
+// A fragments (hi, lo) of the 16x16 tile at (m0, k0) of a hi/lo plane pair of a swizzled
+// [64][64] bf16 matrix M (A = M, or A = M^T when A_T: transposed loads).
+template <bool A_T>
+__device__ __forceinline__ void ld_a_planes64(uint32_t (&ah)[4], uint32_t (&al)[4], const __nv_bfloat16* A,
+                                              int m0, int k0, int lane) {
+  if constexpr (A_T) {
+    const int ao = at_off_sw<64>(m0, k0, lane);
+    ldsm_x4_t(ah, A + ao);
+    ldsm_x4_t(al, A + 64 * 64 + ao);
+  } else {
+    const int ao = a_off_sw<64>(m0, k0, lane);
+    ldsm_x4(ah, A + ao);
+    ldsm_x4(al, A + 64 * 64 + ao);
+  }
+}
+
+// acc[2] (a 16 x 16 tile at (m0, n0)) += A * B over K = 64, both operands hi/lo plane pairs of
+// swizzled [64][64] bf16 matrices (lo plane at +64*64), split x split = 3 MMAs per tile.
+// A_T: A = M^T for the stored M (transposed loads); B_T: the stored matrix is B^T ([n][k]).
+template <bool A_T, bool B_T>
+__device__ __forceinline__ void mma_planes64(float (&acc)[2][4], const __nv_bfloat16* A, int m0,
+                                             const __nv_bfloat16* B, int n0) {
+  constexpr int PL = 64 * 64;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k0 = 0; k0 < 64; k0 += 16) {
+    uint32_t ah[4], al[4], bh[4], bl[4];
+    ld_a_planes64<A_T>(ah, al, A, m0, k0, lane);
+    if constexpr (B_T) {
+      const int bo = bn_off_sw<64>(k0, n0, lane);
+      ldsm_x4(bh, B + bo);
+      ldsm_x4(bl, B + PL + bo);
+    } else {
+      const int bo = b_off_sw<64>(k0, n0, lane);
+      ldsm_x4_t(bh, B + bo);
+      ldsm_x4_t(bl, B + PL + bo);
+    }
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      mma_bf16(acc[t], al, bh[2 * t], bh[2 * t + 1]);
+      mma_bf16(acc[t], ah, bl[2 * t], bl[2 * t + 1]);
+      mma_bf16(acc[t], ah, bh[2 * t], bh[2 * t + 1]);
+    }
+  }
+}
+
+// acc[4] (a 16 x 32 tile at (m0, n0)) += A * B over K = 64: A = hi/lo plane pair of a swizzled
+// [64][64] bf16 matrix (A_T: its transpose), B = a raw bf16 row-major [k][n] matrix with row
+// stride LDB (exact operand: 2 MMAs per tile).
+template <bool A_T, int LDB>
+__device__ __forceinline__ void mma_planes64_raw(float (&acc)[4][4], const __nv_bfloat16* A, int m0,
+                                                 const __nv_bfloat16* B, int n0) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k0 = 0; k0 < 64; k0 += 16) {
+    uint32_t ah[4], al[4];
+    ld_a_planes64<A_T>(ah, al, A, m0, k0, lane);
+#pragma unroll
+    for (int nh = 0; nh < 2; ++nh) {
+      uint32_t b[4];
+      ldsm_x4_t(b, B + b_off(LDB, k0, n0 + 16 * nh, lane));
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        mma_bf16(acc[2 * nh + t], al, b[2 * t], b[2 * t + 1]);
+        mma_bf16(acc[2 * nh + t], ah, b[2 * t], b[2 * t + 1]);
+      }
+    }
+  }
+}
+
 // 16-byte async copy global -> shared; src_bytes = 0 zero-fills (src must still be a valid address).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
