@@ -38,7 +38,7 @@
 // run on tensor cores with fp32 accumulation; fp32 operands enter as bf16 hi/lo planes (16
 // significant bits), raw bf16 inputs as exact operands. Measured 2e-6..4e-5 relative error vs an
 // fp64 reference on H200 for the fp32 outputs; the 64x64 unit-lower-triangular inverse is fp32
-// forward substitution.
+// forward substitution on its 16x16 diagonal blocks and 3xTF32 block products off the diagonal.
 // No atomics: results are bitwise deterministic for a given input and device. Decay factors
 // exp(gamma_r - gamma_j) are only ever formed on the kept side (r >= j) and masking is done by
 // selection, never by multiplying a possibly infinite value by 0. All offsets are int64. Grids are

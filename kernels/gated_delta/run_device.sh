@@ -2,7 +2,7 @@
 # One device-machine call: build (sm_90), run the CPU reference test, the GPU conformance test,
 # compute-sanitizer on the quick grid, and the benchmark. Logs go to $OUT (or /tmp/gdn-out).
 # Usage (repo root): bash kernels/gated_delta/run_device.sh [steps...]
-#   steps: build ref gpu quick san race prof bench ncu (default: build ref gpu san bench)
+#   steps: build ref gpu quick san race prof phases bench ncu (default: build ref gpu san bench)
 set -u
 OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
 B=/tmp/gdn-dev-build
@@ -26,6 +26,12 @@ if has race; then
   echo "racecheck rc=$?"; tail -4 "$OUT/racecheck.log"
 fi
 if has prof; then QRUN_GDN_PROFILE=1 timeout 60 $B/bench 1 > "$OUT/prof.log" 2>&1; echo "prof rc=$?"; fi
+if has phases; then  # per-phase cycle shares inside the kernels (-DQRUN_GDN_PHASES build, 1x8192)
+  { cmake -S kernels/gated_delta -B $B-phases -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_CUDA_FLAGS=-DQRUN_GDN_PHASES && cmake --build $B-phases -j16 --target bench_gated_delta; } > "$OUT/build-phases.log" 2>&1 \
+    || { tail -30 "$OUT/build-phases.log"; exit 1; }
+  QRUN_GDN_BENCH_CFG=0 timeout 60 $B-phases/bench 3 > "$OUT/phases.log" 2>&1; echo "phases rc=$?"; grep phases "$OUT/phases.log"
+fi
 if has ncu; then  # hardware counters of the sequential kernels and bwd_chunk (first launch of each)
   QRUN_GDN_BENCH_CFG=0 QRUN_GDN_BENCH_WARM=0 timeout 300 ncu --clock-control none \
     --kernel-name regex:"${NCU_KERNELS:-gdn_(state|dh|bwd_chunk)_kernel}" --launch-count ${NCU_COUNT:-4} \

@@ -7,6 +7,7 @@
 # dev-dir (default build-fla/dev) holds bin/fla_gdn_test, plugins/*.so and include/nlohmann, made
 # on the dev machine by `bash tests/fla-gated-delta/device/run.sh --pack <build dir>`. If those
 # binaries do not run here, the fallback CMake project beside this script builds them (-j16).
+# QRUN_FLA_CHECK_SEED=<n> makes the GPU test replay that seed of `qrun check` (default: a fresh one).
 # PLUGINS=<dir> picks another plugin folder (e.g. the plugin linked against another kernels
 # commit); ALT_PLUGINS=<dir>: when the GPU test fails, run it again with those plugins (a kernels
 # version known to be good) to tell a binding bug from a kernel bug.
