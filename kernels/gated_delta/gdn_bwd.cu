@@ -13,7 +13,6 @@ GDN_PH_DECL
 GDN_PH_HOST(gdn_debug_phases_bwd)
 
 constexpr int kBwdThreads = 512;
-constexpr int LDKB = DK + 8;  // raw bf16 q/k row stride
 constexpr int LDP = BV + 8;   // [rows][BV] bf16 plane row stride (conflict-free ldmatrix)
 constexpr int SPL = DK * LDP; // one [128][LDP] plane
 constexpr int CPL = C * LDP;  // one [64][LDP] plane
@@ -83,31 +82,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
   const int wr = warp & 3, wc = warp >> 2;
   const int64_t KV = (int64_t)DK * DV;
 
-  {  // raw q/k (exact bf16) + l2norm scales
-    const __nv_bfloat16* kbase = bf16_at(p.k, t0 * p.k_st + (int64_t)h * p.k_sh);
-    const __nv_bfloat16* qbase = bf16_at(p.q, t0 * p.q_st + (int64_t)h * p.q_sh);
-    if (p.vec_k && p.vec_q) {
-      for (int v = tid; v < C * DK / 8; v += kBwdThreads) {
-        const int r = v >> 4, c8 = (v & 15) * 8;
-        const int rr = r < L ? r : 0;
-        cp_async16(Kb + r * LDKB + c8, kbase + rr * p.k_st + c8, r < L ? 16 : 0);
-        cp_async16(Qb + r * LDKB + c8, qbase + rr * p.q_st + c8, r < L ? 16 : 0);
-      }
-      cp_async_commit();
-    } else {
-      const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
-      for (int i = tid; i < C * DK; i += kBwdThreads) {
-        const int r = i / DK, cc = i % DK;
-        Kb[r * LDKB + cc] = r < L ? kbase[r * p.k_st + cc] : z;
-        Qb[r * LDKB + cc] = r < L ? qbase[r * p.q_st + cc] : z;
-      }
-    }
-    if (tid < C) {
-      const bool ok = tid < L;
-      rsK[tid] = ok ? (p.l2norm ? p.rk[(t0 + tid) * p.H + h] : 1.f) : 0.f;
-      rsQ[tid] = ok ? (p.l2norm ? p.rq[(t0 + tid) * p.H + h] : 1.f) : 0.f;
-    }
-  }
+  load_qk_tiles<kBwdThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L);  // raw q/k (exact bf16) + l2norm scales
   // normalised q/k values (raw x l2norm scale) for the row dots of the dgamma sums
   auto Kn = [&](int r, int cc) { return __bfloat162float(Kb[r * LDKB + cc]) * rsK[r]; };
   auto Qn = [&](int r, int cc) { return __bfloat162float(Qb[r * LDKB + cc]) * rsQ[r]; };

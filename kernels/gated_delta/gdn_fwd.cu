@@ -40,7 +40,6 @@ __global__ void gdn_l2norm_rstd_kernel(KParams p) {
 }
 
 constexpr int kPrepThreads = 256;
-constexpr int LDKB = DK + 8;  // raw bf16 q/k row stride
 
 // raw bf16 q/k (exact operands) instead of fp32 copies: 72 KB, so three blocks fit per SM
 size_t prep_smem_bytes() { return (size_t)2 * C * LDKB * 2 + (2 * C * LDC + 3 * 256 + 2 * C) * sizeof(float); }
@@ -104,34 +103,10 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
     gam[tid] = gv;
     bet[tid] = bv;
   }
-  // raw q/k (exact in TF32, so KK^T and QK^T need one MMA each); l2norm scales applied after
+  // raw q/k (exact bf16 operands of KK^T and QK^T); l2norm scales applied after the products
   float* rsK = scr;
   float* rsQ = scr + C;
-  {
-    const __nv_bfloat16* kbase = bf16_at(p.k, t0 * p.k_st + (int64_t)h * p.k_sh);
-    const __nv_bfloat16* qbase = bf16_at(p.q, t0 * p.q_st + (int64_t)h * p.q_sh);
-    if (p.vec_k && p.vec_q) {
-      for (int v = tid; v < C * DK / 8; v += kPrepThreads) {
-        const int r = v >> 4, c8 = (v & 15) * 8;
-        const int rr = r < L ? r : 0;
-        cp_async16(Kb + r * LDKB + c8, kbase + rr * p.k_st + c8, r < L ? 16 : 0);
-        cp_async16(Qb + r * LDKB + c8, qbase + rr * p.q_st + c8, r < L ? 16 : 0);
-      }
-      cp_async_commit();
-    } else {
-      const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
-      for (int i = tid; i < C * DK; i += kPrepThreads) {
-        const int r = i / DK, cc = i % DK;
-        Kb[r * LDKB + cc] = r < L ? kbase[r * p.k_st + cc] : z;
-        Qb[r * LDKB + cc] = r < L ? qbase[r * p.q_st + cc] : z;
-      }
-    }
-  }
-  if (tid < C) {
-    const bool ok = tid < L;
-    rsK[tid] = ok ? (p.l2norm ? p.rk[(t0 + tid) * p.H + h] : 1.f) : 0.f;
-    rsQ[tid] = ok ? (p.l2norm ? p.rq[(t0 + tid) * p.H + h] : 1.f) : 0.f;
-  }
+  load_qk_tiles<kPrepThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L);
   for (int i = tid; i < C * LDC; i += blockDim.x) Ts[i] = 0.f;
   cp_async_wait_all();
   __syncthreads();

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "gdn_common.cuh"
+#include "gdn_mma16.cuh"
 
 namespace qrun::gdn::detail {
 
@@ -53,6 +54,41 @@ struct KParams {
 
 __device__ __forceinline__ const __nv_bfloat16* bf16_at(const void* p, int64_t off) {
   return static_cast<const __nv_bfloat16*>(p) + off;
+}
+
+constexpr int LDKB = DK + 8;  // row stride (bf16) of the raw q/k tiles of prep and bwd_chunk
+
+// Raw bf16 q and k rows of the chunk at token t0 (key head h) into [C][LDKB] tiles, rows >= L
+// zero (cp.async, committed as one group, when both are 16-byte aligned; plain stores otherwise:
+// either way complete after cp_async_wait_all() + __syncthreads()), and their l2norm row scales
+// (1 without the norm, 0 beyond L). Called by all NT threads of the block.
+template <int NT>
+__device__ __forceinline__ void load_qk_tiles(const KParams& p, __nv_bfloat16* Kb, __nv_bfloat16* Qb,
+                                              float* rsK, float* rsQ, int64_t t0, int h, int L) {
+  const int tid = threadIdx.x;
+  const __nv_bfloat16* kbase = bf16_at(p.k, t0 * p.k_st + (int64_t)h * p.k_sh);
+  const __nv_bfloat16* qbase = bf16_at(p.q, t0 * p.q_st + (int64_t)h * p.q_sh);
+  if (p.vec_k && p.vec_q) {
+    for (int v = tid; v < C * DK / 8; v += NT) {
+      const int r = v >> 4, c8 = (v & 15) * 8;
+      const int rr = r < L ? r : 0;
+      cp_async16(Kb + r * LDKB + c8, kbase + rr * p.k_st + c8, r < L ? 16 : 0);
+      cp_async16(Qb + r * LDKB + c8, qbase + rr * p.q_st + c8, r < L ? 16 : 0);
+    }
+    cp_async_commit();
+  } else {
+    const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
+    for (int i = tid; i < C * DK; i += NT) {
+      const int r = i / DK, cc = i % DK;
+      Kb[r * LDKB + cc] = r < L ? kbase[r * p.k_st + cc] : z;
+      Qb[r * LDKB + cc] = r < L ? qbase[r * p.q_st + cc] : z;
+    }
+  }
+  if (tid < C) {
+    const bool ok = tid < L;
+    rsK[tid] = ok ? (p.l2norm ? p.rk[(t0 + tid) * p.H + h] : 1.f) : 0.f;
+    rsQ[tid] = ok ? (p.l2norm ? p.rq[(t0 + tid) * p.H + h] : 1.f) : 0.f;
+  }
 }
 
 }  // namespace qrun::gdn::detail

@@ -253,6 +253,33 @@ __device__ __forceinline__ void zero4(float (&a)[NT][4]) {
 #define GDN_FRAG_RC(r0, c0, n, e) \
   const int r = (r0) + gq + (((e) >> 1) << 3); const int j = (c0) + (n) * 8 + 2 * tq + ((e) & 1)
 
+// The recurrent state (S or dS) of a block: this warp's 16 rows x the V slice, fp32 accumulator
+// fragments. Loaded from a [N,HV,K,V] state tensor (zero when null) into registers and the MMA
+// planes; stored back at the end (null: not wanted).
+__device__ __forceinline__ void seq_state_load(float (&st)[4][4], const float* src, int64_t off, int srow,
+                                               const SeqSmem& s) {
+  const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int nn = 0; nn < 4; ++nn)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      GDN_FRAG_RC(srow, 0, nn, e);
+      st[nn][e] = src ? src[off + (int64_t)r * DV + j] : 0.f;
+    }
+  store_planes(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; });
+}
+__device__ __forceinline__ void seq_state_store(float* dst, int64_t off, const float (&st)[4][4], int srow) {
+  if (!dst) return;
+  const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int nn = 0; nn < 4; ++nn)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      GDN_FRAG_RC(srow, 0, nn, 2 * hh);
+      *reinterpret_cast<float2*>(dst + off + (int64_t)r * DV + j) = make_float2(st[nn][2 * hh], st[nn][2 * hh + 1]);
+    }
+}
+
 // Sequential forward, one block of 8 warps per (sequence, value head, 32-wide V slice), 2 blocks
 // per SM. Warp w: chunk tiles rows 16*(w&3), cols 16*(w>>2); state rows 16*w (all 32 columns).
 // mode bits: 1 = write o (+ final state), 2 = write hs / Dl (for the backward).
@@ -279,14 +306,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
   GDN_PH_START
 
   float st[4][4];
-#pragma unroll
-  for (int nn = 0; nn < 4; ++nn)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      GDN_FRAG_RC(srow, 0, nn, e);
-      st[nn][e] = p.h0 ? p.h0[(n * p.HV + hv) * KV + (int64_t)r * DV + v0 + j] : 0.f;
-    }
-  store_planes(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; });
+  seq_state_load(st, p.h0, (n * p.HV + hv) * KV + v0, srow, s);
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
@@ -313,16 +333,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     cp_async_commit();
     if (want_o) ld_planes(s.Pp, p.Pp, p, hv, g);
     cp_async_commit();
-    if (want_h) {
-      float* hg = p.hs + (c * p.HV + hv) * KV;
-#pragma unroll
-      for (int nn = 0; nn < 4; ++nn)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          GDN_FRAG_RC(srow, 0, nn, 2 * hh);
-          *reinterpret_cast<float2*>(hg + (int64_t)r * DV + v0 + j) = make_float2(st[nn][2 * hh], st[nn][2 * hh + 1]);
-        }
-    }
+    if (want_h) seq_state_store(p.hs, (c * p.HV + hv) * KV + v0, st, srow);  // S at the chunk start
     cp_async_wait<1>();  // all but P_c
     __syncthreads();
     GDN_PH(1);
@@ -443,16 +454,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     }
   }
   cp_async_wait<0>();
-  if (p.ht && (mode & 1)) {
-#pragma unroll
-    for (int nn = 0; nn < 4; ++nn)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        GDN_FRAG_RC(srow, 0, nn, 2 * hh);
-        *reinterpret_cast<float2*>(p.ht + (n * p.HV + hv) * KV + (int64_t)r * DV + v0 + j) =
-            make_float2(st[nn][2 * hh], st[nn][2 * hh + 1]);
-      }
-  }
+  seq_state_store((mode & 1) ? p.ht : nullptr, (n * p.HV + hv) * KV + v0, st, srow);
 }
 
 // Reverse sequential pass, same block shape. dS = gradient w.r.t. the state leaving the chunk.
@@ -476,14 +478,7 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
   GDN_PH_START
 
   float st[4][4];
-#pragma unroll
-  for (int nn = 0; nn < 4; ++nn)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      GDN_FRAG_RC(srow, 0, nn, e);
-      st[nn][e] = p.dht ? p.dht[(n * p.HV + hv) * KV + (int64_t)r * DV + v0 + j] : 0.f;
-    }
-  store_planes(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; });
+  seq_state_load(st, p.dht, (n * p.HV + hv) * KV + v0, srow, s);
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
@@ -510,16 +505,7 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
     cp_async_commit();
     ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g);
     cp_async_commit();
-    {
-      float* dhg = p.dhs + (c * p.HV + hv) * KV;
-#pragma unroll
-      for (int nn = 0; nn < 4; ++nn)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          GDN_FRAG_RC(srow, 0, nn, 2 * hh);
-          *reinterpret_cast<float2*>(dhg + (int64_t)r * DV + v0 + j) = make_float2(st[nn][2 * hh], st[nn][2 * hh + 1]);
-        }
-    }
+    seq_state_store(p.dhs, (c * p.HV + hv) * KV + v0, st, srow);  // dS leaving the chunk
     cp_async_wait<1>();  // all but Q_c
     __syncthreads();
     GDN_PH(9);
@@ -605,16 +591,7 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
     }
   }
   cp_async_wait<0>();
-  if (p.dh0) {
-#pragma unroll
-    for (int nn = 0; nn < 4; ++nn)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        GDN_FRAG_RC(srow, 0, nn, 2 * hh);
-        *reinterpret_cast<float2*>(p.dh0 + (n * p.HV + hv) * KV + (int64_t)r * DV + v0 + j) =
-            make_float2(st[nn][2 * hh], st[nn][2 * hh + 1]);
-      }
-  }
+  seq_state_store(p.dh0, (n * p.HV + hv) * KV + v0, st, srow);
 }
 
 __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, int mode) {

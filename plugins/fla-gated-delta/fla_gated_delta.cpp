@@ -149,6 +149,19 @@ std::shared_ptr<const Plan> make_plan(const SeqInfo& seq, int64_t total, int64_t
 
 int32_t as_i32(int64_t x) { return static_cast<int32_t>(x); }
 
+// A [T, heads, d] tensor as the kernels take it: data pointer, token stride, head stride.
+template <class Ptr>
+void rows_of(const at::Tensor& t, Ptr& ptr, int64_t& st, int64_t& sh) {
+  ptr = t.data_ptr();
+  st = t.stride(0);
+  sh = t.stride(1);
+}
+
+// A byte workspace of at least `bytes` (one byte when none is needed) from the caching allocator.
+at::Tensor workspace(const at::Tensor& like, size_t bytes) {
+  return at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, like.options().dtype(at::kByte));
+}
+
 qrun::gdn::DType gdn_dtype(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? qrun::gdn::DType::BF16 : qrun::gdn::DType::F32;
 }
@@ -186,13 +199,10 @@ struct GdnFunction : public torch::autograd::Function<GdnFunction> {
     qrun::gdn::GdnProblem p = problem(q, k, v, a, b, A_log, dt_bias, plan_buf, num_seqs,
                                       num_chunks, qk_l2norm, scale);
     qrun::gdn::GdnFwdOut out;
-    out.o = o.data_ptr();
-    out.o_st = o.stride(0);
-    out.o_sh = o.stride(1);
+    rows_of(o, out.o, out.o_st, out.o_sh);
     call_kernels("gdn_forward", [&] {
       const size_t ws_bytes = qrun::gdn::gdn_fwd_workspace_bytes(p);
-      at::Tensor ws = at::empty({static_cast<int64_t>(std::max<size_t>(ws_bytes, 1))},
-                                q.options().dtype(at::kByte));
+      at::Tensor ws = workspace(q, ws_bytes);
       qrun::gdn::gdn_forward(p, out, ws.data_ptr(), ws_bytes,
                              at::cuda::getCurrentCUDAStream(q.device().index()).stream());
     });
@@ -226,27 +236,18 @@ struct GdnFunction : public torch::autograd::Function<GdnFunction> {
       qrun::gdn::GdnProblem p = problem(q, k, v, a, b, A_log, dt_bias, plan_buf, num_seqs,
                                         num_chunks, qk_l2norm, scale);
       qrun::gdn::GdnBwdIO io;
-      io.dO = dO.data_ptr();
-      io.do_st = dO.stride(0);
-      io.do_sh = dO.stride(1);
+      rows_of(dO, io.dO, io.do_st, io.do_sh);
       io.grad_dtype = qrun::gdn::DType::BF16;  // dq, dk, dv are returned in bf16 (the inputs')
-      io.dq = dq.data_ptr();
-      io.dq_st = dq.stride(0);
-      io.dq_sh = dq.stride(1);
-      io.dk = dk.data_ptr();
-      io.dk_st = dk.stride(0);
-      io.dk_sh = dk.stride(1);
-      io.dv = dv.data_ptr();
-      io.dv_st = dv.stride(0);
-      io.dv_sh = dv.stride(1);
+      rows_of(dq, io.dq, io.dq_st, io.dq_sh);
+      rows_of(dk, io.dk, io.dk_st, io.dk_sh);
+      rows_of(dv, io.dv, io.dv_st, io.dv_sh);
       io.dg = da.data_ptr<float>();     // gate_fused: d/da
       io.dbeta = db.data_ptr<float>();  // beta_sigmoid: d/db
       io.dA_log = dA_log.data_ptr<float>();
       io.ddt_bias = ddt.data_ptr<float>();
       call_kernels("gdn_backward", [&] {
         const size_t ws_bytes = qrun::gdn::gdn_bwd_workspace_bytes(p);
-        at::Tensor ws = at::empty({static_cast<int64_t>(std::max<size_t>(ws_bytes, 1))},
-                                  q.options().dtype(at::kByte));
+        at::Tensor ws = workspace(q, ws_bytes);
         qrun::gdn::gdn_backward(p, io, ws.data_ptr(), ws_bytes,
                                 at::cuda::getCurrentCUDAStream(q.device().index()).stream());
       });
@@ -273,15 +274,9 @@ struct GdnFunction : public torch::autograd::Function<GdnFunction> {
     p.cu_seqlens = buf;
     p.chunk_offsets = buf + (num_seqs + 1);
     p.chunk_table = buf + 2 * (num_seqs + 1);
-    p.q = q.data_ptr();
-    p.q_st = q.stride(0);
-    p.q_sh = q.stride(1);
-    p.k = k.data_ptr();
-    p.k_st = k.stride(0);
-    p.k_sh = k.stride(1);
-    p.v = v.data_ptr();
-    p.v_st = v.stride(0);
-    p.v_sh = v.stride(1);
+    rows_of(q, p.q, p.q_st, p.q_sh);
+    rows_of(k, p.k, p.k_st, p.k_sh);
+    rows_of(v, p.v, p.v_st, p.v_sh);
     p.gate_fused = true;
     p.a = a.data_ptr();
     p.a_dtype = gdn_dtype(a);
