@@ -45,4 +45,12 @@ inline ProcessResult run_process(const std::string& cmd, const std::string& env 
   return r;
 }
 
+// An empty directory `root/name` (removed first if it exists), for one test's files.
+inline std::filesystem::path fresh_dir(const std::filesystem::path& root, const std::string& name) {
+  std::filesystem::path d = root / name;
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
 }  // namespace qrun::test

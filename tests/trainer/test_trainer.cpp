@@ -22,12 +22,7 @@ namespace {
 
 const std::string kEnv = std::string("QRUN_NO_DEFAULT_PLUGINS=1 QRUN_PLUGIN_PATH='") + ZOO + "'";
 
-fs::path fresh_dir(const std::string& name) {
-  fs::path d = fs::path(WORK_DIR) / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path fresh_dir(const std::string& name) { return qrun::test::fresh_dir(WORK_DIR, name); }
 
 qrun::test::ProcessResult qrun(const fs::path& cwd, const std::string& args) {
   return run_process(std::string(QRUN_BIN) + " " + args, kEnv, cwd.string());
