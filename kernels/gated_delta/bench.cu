@@ -162,9 +162,18 @@ int main(int argc, char** argv) {
       std::sort(ms.begin(), ms.end());
       return (double)ms[ms.size() / 2];
     };
+    int32_t* fell = dalloc<int32_t>(1);
+    fo.fell_back = fell;
     const double tf = time_it([&] { gdn_forward(p, fo, ws, wsb, nullptr); });
+    int32_t fell_h = -1;
+    CK(cudaMemcpy(&fell_h, fell, 4, cudaMemcpyDeviceToHost));
+    p.fast_forward = false;  // the bf16x2 forward, for comparison
+    const double tf_x = time_it([&] { gdn_forward(p, fo, ws, wsb, nullptr); });
+    p.fast_forward = true;
     const double tb = time_it([&] { gdn_backward(p, io, ws, wsb, nullptr); });
     CK(cudaGetLastError());
+    fo.fell_back = nullptr;
+    cudaFree(fell);
 #ifdef QRUN_GDN_PHASES
     {
       using namespace qrun::gdn::detail;
@@ -196,6 +205,8 @@ int main(int argc, char** argv) {
     std::printf("%-26s %9.3f %9.0f %9.1f %9.3f %9.0f %9.1f | %s %s | %s %s\n", cf.name, tf,
                 bytes_f / tf * 1e-6, fl_f / tf * 1e-9, tb, bytes_b / tb * 1e-6, fl_b / tb * 1e-9,
                 pub(cf.pub_fla_f), pub(cf.pub_qla_f), pub(cf.pub_fla_b), pub(cf.pub_qla_b));
+    std::printf("%-26s fwd on fp16 operands%s; the bf16x2 forward (fast_forward = false): %.3f ms\n", "",
+                fell_h ? " FELL BACK to bf16x2" : " (no fallback)", tf_x);
     std::fflush(stdout);
     cudaFree(d_cu); cudaFree(d_tab); cudaFree(d_off); cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(dO);
     cudaFree(o); cudaFree(a); cudaFree(beta); cudaFree(g); cudaFree(A_log); cudaFree(dt); cudaFree(ws);

@@ -19,11 +19,13 @@ namespace detail {
 // kernels (defined in gdn_fwd.cu / gdn_bwd.cu)
 __global__ void gdn_l2norm_rstd_kernel(KParams p);
 __global__ void gdn_prep_kernel(KParams p);
+__global__ void gdn_prep16_kernel(KParams p);
 __global__ void gdn_state_kernel(KParams p, int mode);
+__global__ void gdn_state16_kernel(KParams p);
 __global__ void gdn_dh_kernel(KParams p);
 __global__ void gdn_state_dh_kernel(KParams p, int64_t nstate);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
-size_t seq_smem_bytes();
+size_t seq_smem_bytes(bool f16);
 size_t prep_smem_bytes();
 size_t bwd_smem_bytes();
 __global__ void gdn_group_reduce_kernel(KParams p);
@@ -43,7 +45,7 @@ void check_cuda(cudaError_t e, const char* what) {
 size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
 
 struct Layout {
-  size_t rq, rk, gam, bet, Tp, Pp, hs, dhs, Dl, dDl, dqh, dkh, part, total_fwd, total_bwd;
+  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, bad, hs, dhs, Dl, dDl, dqh, dkh, part, total_fwd, total_bwd;
 };
 
 Layout layout(const GdnProblem& p) {
@@ -58,6 +60,11 @@ Layout layout(const GdnProblem& p) {
   l.bet = take(T * HV * f);
   l.Tp = take(NT * HV * 2 * C * C * sizeof(uint16_t));
   l.Pp = take(NT * HV * 2 * C * C * sizeof(uint16_t));
+  if (p.fast_forward) {
+    l.kh = take(T * H * DK * sizeof(uint16_t));
+    l.qh = take(T * H * DK * sizeof(uint16_t));
+    l.bad = take(((size_t)p.num_seqs * HV + 1) * sizeof(int32_t));
+  }
   l.total_fwd = off;
   l.hs = take(NT * HV * KV * f);
   l.dhs = take(NT * HV * KV * f);
@@ -102,6 +109,11 @@ KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
   k.bet = reinterpret_cast<float*>(w + l.bet);
   k.Tp = reinterpret_cast<__nv_bfloat16*>(w + l.Tp);
   k.Pp = reinterpret_cast<__nv_bfloat16*>(w + l.Pp);
+  if (p.fast_forward && !bwd) {
+    k.kh = w + l.kh;
+    k.qh = w + l.qh;
+    k.f16_bad = reinterpret_cast<int*>(w + l.bad);
+  }
   if (bwd) {
     k.hs = reinterpret_cast<float*>(w + l.hs);
     k.dhs = reinterpret_cast<float*>(w + l.dhs);
@@ -119,7 +131,7 @@ void check_launch(const char* name) { check_cuda(cudaGetLastError(), name); }
 // Raises a kernel's dynamic shared-memory limit once per (kernel, device).
 template <class K>
 void set_smem(K kernel, size_t bytes, int slot) {
-  static std::atomic<uint64_t> done[4][64];
+  static std::atomic<uint64_t> done[6][64];
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   auto& flag = done[slot][dev & 63];
@@ -160,18 +172,21 @@ unsigned grid1d(int64_t blocks, const char* what) {
   return (unsigned)blocks;
 }
 
-void launch_common_fwd(const KParams& k, const GdnProblem& p, cudaStream_t s, Prof& pr) {
-  if (p.qk_l2norm && p.total_tokens > 0) {
+// l2norm scales and prep (f16: the fast forward's prep). A fallback launch (k.run_if set) skips
+// the l2norm scales: the fast forward computed them already.
+void launch_common_fwd(const KParams& k, const GdnProblem& p, cudaStream_t s, Prof& pr, bool f16) {
+  if (p.qk_l2norm && p.total_tokens > 0 && !k.run_if) {
     const int64_t warps = 2 * p.total_tokens * p.H;
     gdn_l2norm_rstd_kernel<<<grid1d((warps * 32 + 255) / 256, "l2norm"), 256, 0, s>>>(k);
     check_launch("gdn_l2norm_rstd_kernel");
     pr.mark("l2norm_rstd");
   }
   if (p.num_chunks > 0) {
-    set_smem(gdn_prep_kernel, prep_smem_bytes(), 0);
-    gdn_prep_kernel<<<grid1d(p.num_chunks * p.HV, "prep"), 256, prep_smem_bytes(), s>>>(k);
-    check_launch("gdn_prep_kernel");
-    pr.mark("prep");
+    const auto kern = f16 ? gdn_prep16_kernel : gdn_prep_kernel;
+    set_smem(kern, prep_smem_bytes(), f16 ? 5 : 0);
+    kern<<<grid1d(p.num_chunks * p.HV, "prep"), 256, prep_smem_bytes(), s>>>(k);
+    check_launch(f16 ? "gdn_prep16_kernel" : "gdn_prep_kernel");
+    pr.mark(f16 ? "prep(fp16)" : k.run_if ? "prep fallback" : "prep");
   }
 }
 
@@ -240,12 +255,34 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
   k.pair_o = out.o && reinterpret_cast<uintptr_t>(out.o) % 4 == 0 && out.o_st % 2 == 0 && out.o_sh % 2 == 0;
   k.ht = out.final_state;
   Prof pr(s);
-  launch_common_fwd(k, p, s, pr);
+  if (p.fast_forward && p.total_tokens > 0) {
+    // Note [f16 guard]: the fp16 kernels flag each (sequence, value head) whose fp16 operands
+    // left fp16's safe range (gdn_mma16.cuh f16_range_ok); the bf16x2 kernels launched after them
+    // (run_if) redo the forward (o, final state) of exactly those pairs, and return at once
+    // everywhere else. No host synchronisation either way.
+    check_cuda(cudaMemsetAsync(k.f16_bad, 0, ((size_t)p.num_seqs * p.HV + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
+    launch_common_fwd(k, p, s, pr, true);
+    if (p.num_seqs > 0) {
+      set_smem(gdn_state16_kernel, seq_smem_bytes(true), 4);
+      gdn_state16_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, seq_smem_bytes(true), s>>>(k);
+      check_launch("gdn_state16_kernel");
+      pr.mark("state(fwd, fp16)");
+    }
+    k.run_if = k.f16_bad;
+  }
+  launch_common_fwd(k, p, s, pr, false);
   if (p.num_seqs > 0) {
-    set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
-    gdn_state_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, seq_smem_bytes(), s>>>(k, 1);
+    set_smem(gdn_state_kernel, seq_smem_bytes(false), 1);
+    gdn_state_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, seq_smem_bytes(false), s>>>(k, 1);
     check_launch("gdn_state_kernel");
-    pr.mark("state(fwd)");
+    pr.mark(k.run_if ? "fallback (not taken: returns)" : "state(fwd)");
+  }
+  if (out.fell_back) {
+    if (k.run_if)
+      check_cuda(cudaMemcpyAsync(out.fell_back, k.f16_bad + p.num_seqs * p.HV, sizeof(int32_t), cudaMemcpyDeviceToDevice, s),
+                 "cudaMemcpyAsync");
+    else
+      check_cuda(cudaMemsetAsync(out.fell_back, 0, sizeof(int32_t), s), "cudaMemsetAsync");
   }
 }
 
@@ -268,11 +305,11 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
   const size_t pair_bytes = io.grad_dtype == DType::F32 ? 8 : 4;
   k.pair_dv = io.dv && reinterpret_cast<uintptr_t>(io.dv) % pair_bytes == 0 && io.dv_st % 2 == 0 && io.dv_sh % 2 == 0;
   Prof pr(s);
-  launch_common_fwd(k, p, s, pr);
+  launch_common_fwd(k, p, s, pr, false);
   if (p.num_seqs > 0) {
     const int64_t nseq = p.num_seqs * p.HV * NVS;
-    set_smem(gdn_state_dh_kernel, seq_smem_bytes(), 2);
-    gdn_state_dh_kernel<<<grid1d(2 * nseq, "state+dh"), 256, seq_smem_bytes(), s>>>(k, nseq);
+    set_smem(gdn_state_dh_kernel, seq_smem_bytes(false), 2);
+    gdn_state_dh_kernel<<<grid1d(2 * nseq, "state+dh"), 256, seq_smem_bytes(false), s>>>(k, nseq);
     check_launch("gdn_state_dh_kernel");
     pr.mark("state(recompute h) + dh");
   }

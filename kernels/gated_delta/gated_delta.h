@@ -39,7 +39,14 @@
 // significant bits), raw bf16 inputs as exact operands. Measured 2e-6..4e-5 relative error vs an
 // fp64 reference on H200 for the fp32 outputs; the 64x64 unit-lower-triangular inverse is fp32
 // forward substitution on its 16x16 diagonal blocks and 3xTF32 block products off the diagonal.
-// No atomics: results are bitwise deterministic for a given input and device. Decay factors
+// The FORWARD (gdn_forward) by default takes its operands as one fp16 plane each instead
+// (fast_forward: 11 significant bits, half the tensor-core products; measured errors in
+// docs/PERF.md). fp16's range is narrow, so every fp16 operand matrix is range-checked on the
+// device as it is written; each (sequence, value head) whose operands left the safe range
+// (a magnitude >= 2^15, or an operand whose largest magnitude over the sequence is below 2^-12,
+// e.g. v ~ 1e-5) is recomputed on the bf16x2 path by the same launch sequence, without a host
+// synchronisation (GdnFwdOut::fell_back reports it). The backward always uses bf16x2.
+// Results are bitwise deterministic for a given input and device. Decay factors
 // exp(gamma_r - gamma_j) are only ever formed on the kept side (r >= j) and masking is done by
 // selection, never by multiplying a possibly infinite value by 0. All offsets are int64. Grids are
 // 1-D, so the number of packed sequences is unlimited.
@@ -102,11 +109,17 @@ struct GdnProblem {
   float scale = -1.f;  // <= 0: K^-1/2
 
   const float* initial_state = nullptr;  // optional [N,HV,K,V]
+
+  // Forward only: fp16 operands with a range-checked bf16x2 fallback (see Numerics above).
+  // false: always the bf16x2 path.
+  bool fast_forward = true;
 };
 
 struct GdnFwdOut {
   void* o = nullptr; int64_t o_st = 0, o_sh = 0;  // bf16 [T,HV,V]
   float* final_state = nullptr;                   // optional [N,HV,K,V]
+  // optional device int32: set to 1 when the fast forward had to fall back to bf16x2, else 0
+  int32_t* fell_back = nullptr;
 };
 
 // Gradients. dq/dk/dv are written in grad_dtype (fp32 recommended; bf16 allowed). dq/dk are

@@ -66,8 +66,13 @@ __device__ __forceinline__ void inv_merge(const float* As, float* Ts, float* X, 
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
-  extern __shared__ __align__(16) float sm[];
+// F16 (the fast forward, gdn_mma16.cuh): T and P as one fp16 plane each, plus fp16 copies of
+// the chunk's raw q/k rows (exact: a bf16 value converts exactly to fp16 inside the checked
+// range, up to 2^-25 below 2^-17; written by the first value head of each key head) for the state
+// kernel. The q/k tiles are range-checked; T (unit diagonal) and P only for overflow: a P whose
+// entries are all tiny comes from q.k cancelling, next to which 2^-25 is nothing.
+template <bool F16>
+__device__ __forceinline__ void prep_body(const KParams& p, float* sm) {
   __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][LDKB] raw
   __nv_bfloat16* Qb = Kb + C * LDKB;
   __nv_bfloat16* Ps = Qb;  // after QK^T: P hi/lo planes, swizzled [2][64][64] (16 KB of the q tile)
@@ -85,6 +90,8 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
   int64_t t0;
   chunk_info(p, c, n, t0, L);
   const int tid = threadIdx.x, warp = tid >> 5;
+  __shared__ unsigned amax[3];  // F16: largest |x| of the fp16 T, P and q/k copies
+  if (F16 && tid < 3) amax[tid] = 0;
 
   if (tid < C) {
     float gv = 0.f, bv = 0.f;
@@ -124,6 +131,26 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
     gam[2 * lane + 1] = ex + a0 + a1;
   }
   __syncthreads();
+  if (F16 && hv % p.G == 0) {  // fp16 q/k rows of key head h (rows >= L are never read)
+    AbsMax m;
+    for (int v = tid; v < 2 * C * DK / 8; v += kPrepThreads) {
+      const int isq = v >= C * DK / 8, w = v - isq * (C * DK / 8), r = w >> 4, c8 = (w & 15) * 8;
+      if (r >= L) continue;
+      const __nv_bfloat16* src = (isq ? Qb : Kb) + r * LDKB + c8;
+      uint32_t out[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {  // raw values: exact in fp16 when the range check passes
+        const float x0 = __bfloat162float(src[2 * u]), x1 = __bfloat162float(src[2 * u + 1]);
+        m.add(x0);
+        m.add(x1);
+        out[u] = pack_h2(x0, x1);
+      }
+      __half* dst = static_cast<__half*>(isq ? p.qh : p.kh) + ((t0 + r) * p.H + h) * DK + c8;
+      *reinterpret_cast<uint4*>(dst) = make_uint4(out[0], out[1], out[2], out[3]);
+    }
+    const float wm = m.warp_max();
+    if ((tid & 31) == 0) atomicMax(&amax[2], __float_as_uint(wm));
+  }
   if (tid < L) {
     const int64_t i = (t0 + tid) * p.HV + hv;
     p.gam[i] = gam[tid];
@@ -145,6 +172,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
     mma_raw_rows<4, DK, LDKB>(acc, Qb, 16 * wr, Kb, 32 * wc);
     __syncthreads();  // every warp is done with the q tile: it becomes the P staging area
     const int lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    AbsMax m;
 #pragma unroll
     for (int nn = 0; nn < 4; ++nn)
 #pragma unroll
@@ -154,16 +182,27 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
 #pragma unroll
         for (int u = 0; u < 2; ++u)
           v[u] = (r >= j + u && r < L) ? rsQ[r] * rsK[j + u] * acc[nn][2 * hh + u] * expf(gam[r] - gam[j + u]) : 0.f;
-        uint32_t hi, lo;
-        split2(v[0], v[1], hi, lo);
-        *reinterpret_cast<uint32_t*>(Ps + swz_el<C>(r, j)) = hi;
-        *reinterpret_cast<uint32_t*>(Ps + C * C + swz_el<C>(r, j)) = lo;
+        if constexpr (F16) {
+          m.add(v[0]);
+          m.add(v[1]);
+          *reinterpret_cast<uint32_t*>(Ps + swz_el<C>(r, j)) = pack_h2(v[0], v[1]);
+        } else {
+          uint32_t hi, lo;
+          split2(v[0], v[1], hi, lo);
+          *reinterpret_cast<uint32_t*>(Ps + swz_el<C>(r, j)) = hi;
+          *reinterpret_cast<uint32_t*>(Ps + C * C + swz_el<C>(r, j)) = lo;
+        }
       }
+    if constexpr (F16) {
+      const float wm = m.warp_max();
+      if (lane == 0) atomicMax(&amax[1], __float_as_uint(wm));
+    }
   }
   __syncthreads();
+  constexpr int NPL = F16 ? 1 : 2;  // planes per matrix
   if (warp >= 2) {  // P planes to global as 16-byte rows (warps 0-1 start the inverse meanwhile)
-    __nv_bfloat16* P = p.Pp + (c * p.HV + hv) * (int64_t)(2 * C * C);
-    for (int v = tid - 64; v < 2 * C * C / 8; v += kPrepThreads - 64) {
+    __nv_bfloat16* P = p.Pp + (c * p.HV + hv) * (int64_t)(NPL * C * C);
+    for (int v = tid - 64; v < NPL * C * C / 8; v += kPrepThreads - 64) {
       const int pl = v >> 9, r = (v >> 3) & 63, c8 = (v & 7) * 8;
       *reinterpret_cast<uint4*>(P + v * 8) = *reinterpret_cast<const uint4*>(Ps + pl * C * C + swz<C>(r, c8));
     }
@@ -192,18 +231,50 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
   inv_merge<1>(As, Ts, scr, warp);
   inv_merge<2>(As, Ts, scr, warp);
   inv_merge<3>(As, Ts, scr, warp);
-  __nv_bfloat16* Tpg = p.Tp + (c * p.HV + hv) * (int64_t)(2 * C * C);  // hi/lo planes
+  __nv_bfloat16* Tpg = p.Tp + (c * p.HV + hv) * (int64_t)(NPL * C * C);  // hi/lo planes (F16: one)
+  AbsMax m;
   for (int i = 8 * tid; i < C * C; i += 8 * kPrepThreads) {  // 8 elements: 16-byte stores per plane
     const float* src = Ts + (i >> 6) * LDC + (i & 63);
     const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
-    uint4 hi, lo;
-    split2(a.x, a.y, hi.x, lo.x);
-    split2(a.z, a.w, hi.y, lo.y);
-    split2(b.x, b.y, hi.z, lo.z);
-    split2(b.z, b.w, hi.w, lo.w);
-    *reinterpret_cast<uint4*>(Tpg + i) = hi;
-    *reinterpret_cast<uint4*>(Tpg + C * C + i) = lo;
+    if constexpr (F16) {
+      for (float x : {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}) m.add(x);
+      *reinterpret_cast<uint4*>(Tpg + i) = make_uint4(pack_h2(a.x, a.y), pack_h2(a.z, a.w), pack_h2(b.x, b.y), pack_h2(b.z, b.w));
+    } else {
+      uint4 hi, lo;
+      split2(a.x, a.y, hi.x, lo.x);
+      split2(a.z, a.w, hi.y, lo.y);
+      split2(b.x, b.y, hi.z, lo.z);
+      split2(b.z, b.w, hi.w, lo.w);
+      *reinterpret_cast<uint4*>(Tpg + i) = hi;
+      *reinterpret_cast<uint4*>(Tpg + C * C + i) = lo;
+    }
   }
+  if constexpr (F16) {
+    const float wm = m.warp_max();
+    if ((tid & 31) == 0) atomicMax(&amax[0], __float_as_uint(wm));
+    __syncthreads();
+    if (tid == 0 && !(__uint_as_float(amax[0]) < 0x1p15f && __uint_as_float(amax[1]) < 0x1p15f)) {
+      p.f16_bad[(int64_t)n * p.HV + hv] = 1;
+      p.f16_bad[p.N * p.HV] = 1;
+    }
+    if (tid == 0 && !f16_range_ok(__uint_as_float(amax[2]))) {  // the q/k copies serve the whole group
+      for (int j = 0; j < p.G; ++j) p.f16_bad[(int64_t)n * p.HV + hv + j] = 1;
+      p.f16_bad[p.N * p.HV] = 1;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(KParams p) {
+  if (p.run_if) {  // fallback launch of the fast forward: only the flagged (sequence, value head)s
+    const int64_t c = blockIdx.x / p.HV;
+    if (!p.run_if[(int64_t)p.ctab[2 * c] * p.HV + blockIdx.x % p.HV]) return;
+  }
+  extern __shared__ __align__(16) float sm[];
+  prep_body<false>(p, sm);
+}
+__global__ void __launch_bounds__(kPrepThreads) gdn_prep16_kernel(KParams p) {
+  extern __shared__ __align__(16) float sm[];
+  prep_body<true>(p, sm);
 }
 
 }  // namespace qrun::gdn::detail

@@ -30,6 +30,11 @@ struct KParams {
   float* rq; float* rk;      // [T,H]
   float* gam; float* bet;    // [T,HV]
   __nv_bfloat16* Tp; __nv_bfloat16* Pp;  // [NT,HV,2,64,64] bf16 hi/lo planes of T and P
+                                         // (f16 forward: [NT,HV,64,64], one fp16 plane)
+  void* kh; void* qh;        // f16 forward: [T,H,K] raw fp16 copies of k, q
+  int* f16_bad;              // f16 forward: [N*HV] 1 where a sequence's fp16 operands of value
+                             // head hv were out of range; [N*HV] (one past) 1 if any was
+  const int* run_if;         // fallback launches: only the (sequence, value head) pairs flagged here
   float* hs; float* dhs;     // [NT,HV,K,V]
   float* Dl; float* dDl;     // [T,HV,V]
   float* dqh; float* dkh;    // [T,HV,K]

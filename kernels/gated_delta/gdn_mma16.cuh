@@ -7,8 +7,15 @@
 // 2 MMAs (raw*hi + raw*lo); products of two split operands take 3 (hi*hi + hi*lo + lo*hi; the
 // dropped lo*lo term is <= 2^-18 relative). Accumulation is fp32 throughout, and the recurrent
 // state itself stays fp32 in registers (only its MMA operand copy is split).
+//
+// Fast forward operands ("f16", v14): the forward's state kernel may instead take every operand
+// as ONE fp16 plane (11 significant bits: 8x the precision of a plain bf16 operand, 1 MMA per
+// product instead of 2 or 3). fp16's range is narrow (normal 2^-14..65504), so every fp16 operand
+// matrix is range-checked as it is written (F16Guard): the launcher then reruns the forward on the
+// bf16x2 path whenever any operand was outside the safe range (gated_delta.cu Note [f16 guard]).
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -39,6 +46,45 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// One MMA of the operand format: fp16 (F16) or bf16.
+template <bool F16>
+__device__ __forceinline__ void mma16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (F16) mma_f16(c, a, b0, b1);
+  else mma_bf16(c, a, b0, b1);
+}
+
+// Packs (x, y) as one fp16x2 word (x in the low half).
+__device__ __forceinline__ uint32_t pack_h2(float x, float y) {
+  __half2 h = __floats2half2_rn(x, y);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Range check of one fp16 operand matrix (in the state kernel: all of one operand over a whole
+// sequence). A matrix whose largest magnitude m is 0 or in [2^-12, 2^15) converts with
+// per-element error <= 2^-12 |x| + 2^-25 <= 2^-12 |x| + 2^-13 m (fp16 subnormals, below 2^-14,
+// keep an absolute 2^-25): no overflow, and a norm-wise error at the level of fp16's own
+// rounding. Anything else (overflow, a matrix of tiny scale, inf/NaN) is reported.
+__device__ __forceinline__ bool f16_range_ok(float m) {
+  return m == 0.f || (m >= 0x1p-12f && m < 0x1p15f);
+}
+// Running largest magnitude of the values a thread converts, as bit patterns (non-negative
+// floats order like their bits, and NaN sorts above inf, so it fails the check too).
+struct AbsMax {
+  uint32_t m = 0;
+  __device__ __forceinline__ void add(float x) { m = max(m, __float_as_uint(fabsf(x))); }
+  __device__ __forceinline__ float warp_max() const {
+    return __uint_as_float(__reduce_max_sync(0xffffffffu, m));
+  }
+};
 
 // Packs (x, y) as bf16x2 (x in the low half) hi and lo planes.
 __device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t& lo) {

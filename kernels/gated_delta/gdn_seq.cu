@@ -27,22 +27,27 @@ constexpr int CP_EL = C * LDS;     // one [64][LDS] plane
 
 struct SeqSmem {
   __nv_bfloat16 *Kb, *Qb, *Tp, *Pp, *Xb, *Sp, *Yp, *Dp;
+  __nv_bfloat16* Kb2;  // F16: second k buffer (k of chunk c+1 loads while chunk c computes)
   float *gam, *bet, *rsK, *rsQ;  // [2][64] each (double-buffered by chunk parity)
   float* dec;                     // [64]
 };
 
+// F16 (the fast forward): one fp16 plane per operand matrix instead of a bf16 hi/lo pair.
+template <bool F16 = false>
 __device__ __forceinline__ SeqSmem seq_smem(void* base) {
+  constexpr int np = F16 ? 1 : 2;
   SeqSmem s;
   __nv_bfloat16* b = static_cast<__nv_bfloat16*>(base);
-  s.Kb = b;                 // [64][128] swizzled, raw k
-  s.Qb = s.Kb + KQ_EL;      // raw q
-  s.Tp = s.Qb + KQ_EL;      // [2][64][64] swizzled
-  s.Pp = s.Tp + 2 * TP_EL;  // [2][64][64] swizzled
-  s.Xb = s.Pp + 2 * TP_EL;  // [64][LDS] raw v (fwd) or dO (bwd) slice
-  s.Sp = s.Xb + CP_EL;      // [2][128][LDS] state planes
-  s.Yp = s.Sp + 2 * SP_EL;  // [2][64][LDS]
-  s.Dp = s.Yp + 2 * CP_EL;  // [2][64][LDS]
-  float* f = reinterpret_cast<float*>(s.Dp + 2 * CP_EL);
+  s.Kb = b;                  // [64][128] swizzled, raw k (F16: fp16 k)
+  s.Qb = s.Kb + KQ_EL;       // raw q
+  s.Tp = s.Qb + KQ_EL;       // [np][64][64] swizzled
+  s.Pp = s.Tp + np * TP_EL;  // [np][64][64] swizzled
+  s.Xb = s.Pp + np * TP_EL;  // [64][LDS] raw v (fwd) or dO (bwd) slice
+  s.Sp = s.Xb + CP_EL;       // [np][128][LDS] state planes
+  s.Yp = s.Sp + np * SP_EL;  // [np][64][LDS]
+  s.Dp = s.Yp + np * CP_EL;  // [np][64][LDS]
+  s.Kb2 = F16 ? s.Dp + np * CP_EL : s.Kb;
+  float* f = reinterpret_cast<float*>(s.Dp + np * CP_EL + (F16 ? KQ_EL : 0));
   s.gam = f;
   s.bet = f + 2 * C;
   s.rsK = f + 4 * C;
@@ -54,8 +59,9 @@ __device__ __forceinline__ SeqSmem seq_smem(void* base) {
 }  // namespace
 
 // bytes of dynamic shared memory of both sequential kernels
-size_t seq_smem_bytes() {
-  return (size_t)(2 * KQ_EL + 4 * TP_EL + CP_EL + 2 * SP_EL + 4 * CP_EL) * 2 + 9 * C * sizeof(float);
+size_t seq_smem_bytes(bool f16) {
+  const size_t np = f16 ? 1 : 2;
+  return ((f16 ? 3 : 2) * KQ_EL + 2 * np * TP_EL + CP_EL + np * SP_EL + 2 * np * CP_EL) * 2 + 9 * C * sizeof(float);
 }
 
 // Piecewise chunk loads (cp.async where alignment allows, zero-filled rows >= L), so that each
@@ -82,11 +88,14 @@ __device__ __forceinline__ ChunkGeo chunk_geo(int64_t c, int64_t c_beg, int64_t 
 }
 
 // T or P planes of chunk g (workspace, always 16-byte aligned): 2 x [64][64] = 1024 x 16 B
+// (F16: one plane)
+template <bool F16 = false>
 __device__ __forceinline__ void ld_planes(__nv_bfloat16* dst, const __nv_bfloat16* src_all,
                                           const KParams& p, int hv, const ChunkGeo& g) {
-  const __nv_bfloat16* src = src_all + (g.c * p.HV + hv) * (int64_t)(2 * C * C);
+  constexpr int np = F16 ? 1 : 2;
+  const __nv_bfloat16* src = src_all + (g.c * p.HV + hv) * (int64_t)(np * C * C);
 #pragma unroll
-  for (int i = 0; i < 2 * TP_EL / 8 / kSeqThreads; ++i) {
+  for (int i = 0; i < np * TP_EL / 8 / kSeqThreads; ++i) {
     const int v = threadIdx.x + i * kSeqThreads, pl = v >> 9, r = (v >> 3) & 63, c8 = v & 7;
     cp_async16(dst + pl * TP_EL + swz<C>(r, c8 * 8), src + v * 8, 16);
   }
@@ -166,10 +175,33 @@ __device__ __forceinline__ void store_planes(__nv_bfloat16* P, int plane, const 
     }
 }
 
+// store_planes for the operand format: F16 writes one fp16 plane (no lo plane) and adds the
+// stored values to the range check m.
+template <bool F16, int NT, class F>
+__device__ __forceinline__ void store_ops(__nv_bfloat16* P, int plane, const float (&acc)[NT][4], int r0,
+                                          int c0, F f, AbsMax& m) {
+  if constexpr (F16) {
+    const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = r0 + gq + 8 * hh, cc = c0 + n * 8 + 2 * tq;
+        const float x0 = f(r, cc, acc[n][2 * hh]), x1 = f(r, cc + 1, acc[n][2 * hh + 1]);
+        m.add(x0);
+        m.add(x1);
+        *reinterpret_cast<uint32_t*>(P + r * LDS + cc) = pack_h2(x0, x1);
+      }
+  } else {
+    store_planes(P, plane, acc, r0, c0, f);
+  }
+}
+
 // acc[2] (two n8 tiles at n0, n0+8) += A(16x16 tiles over KD) * B, A from a raw swizzled bf16
 // [rows][LDA] matrix (row-major [m][k]: TRANS_A = false; stored [k][m]: TRANS_A = true), B from
 // the hi/lo planes of a [k][LDS] matrix.
-template <int KD, int LDA, bool TRANS_A, int NT>
+// (F16: A and B are fp16 (B one plane): 1 MMA per tile)
+template <int KD, int LDA, bool TRANS_A, int NT, bool F16 = false>
 __device__ __forceinline__ void mma_raw_split(float (&acc)[NT][4], const __nv_bfloat16* A, int m0,
                                               const __nv_bfloat16* B, int plane, int n0) {
   const int lane = threadIdx.x & 31;
@@ -184,6 +216,11 @@ __device__ __forceinline__ void mma_raw_split(float (&acc)[NT][4], const __nv_bf
     for (int nh = 0; nh < NT / 2; ++nh) {
       uint32_t bh[4], bl[4];
       ldsm_x4_t(bh, B + b_off(LDS, k0, n0 + 16 * nh, lane));
+      if constexpr (F16) {
+        mma_f16(acc[2 * nh], a, bh[0], bh[1]);
+        mma_f16(acc[2 * nh + 1], a, bh[2], bh[3]);
+        continue;
+      }
       ldsm_x4_t(bl, B + plane + b_off(LDS, k0, n0 + 16 * nh, lane));
       mma_bf16(acc[2 * nh], a, bh[0], bh[1]);
       mma_bf16(acc[2 * nh + 1], a, bh[2], bh[3]);
@@ -195,7 +232,8 @@ __device__ __forceinline__ void mma_raw_split(float (&acc)[NT][4], const __nv_bf
 
 // acc[2] += A * B over K = 64, A = hi/lo planes of a swizzled [64][64] matrix (TRANS_A: A = M^T),
 // B = hi/lo planes of a [64][LDS] matrix (split x split: 3 MMAs per tile).
-template <bool TRANS_A>
+// (F16: one fp16 plane each, 1 MMA per tile)
+template <bool TRANS_A, bool F16 = false>
 __device__ __forceinline__ void mma_split_split(float (&acc)[2][4], const __nv_bfloat16* A, int m0,
                                                 const __nv_bfloat16* B, int n0) {
   const int lane = threadIdx.x & 31;
@@ -203,6 +241,14 @@ __device__ __forceinline__ void mma_split_split(float (&acc)[2][4], const __nv_b
   for (int k0 = 0; k0 < C; k0 += 16) {
     uint32_t ah[4], al[4], bh[4], bl[4];
     const int ao = TRANS_A ? at_off_sw<C>(m0, k0, lane) : a_off_sw<C>(m0, k0, lane);
+    if constexpr (F16) {
+      if constexpr (TRANS_A) ldsm_x4_t(ah, A + ao);
+      else ldsm_x4(ah, A + ao);
+      ldsm_x4_t(bh, B + b_off(LDS, k0, n0, lane));
+      mma_f16(acc[0], ah, bh[0], bh[1]);
+      mma_f16(acc[1], ah, bh[2], bh[3]);
+      continue;
+    }
     if constexpr (TRANS_A) {
       ldsm_x4_t(ah, A + ao);
       ldsm_x4_t(al, A + TP_EL + ao);
@@ -256,8 +302,9 @@ __device__ __forceinline__ void zero4(float (&a)[NT][4]) {
 // The recurrent state (S or dS) of a block: this warp's 16 rows x the V slice, fp32 accumulator
 // fragments. Loaded from a [N,HV,K,V] state tensor (zero when null) into registers and the MMA
 // planes; stored back at the end (null: not wanted).
+template <bool F16 = false>
 __device__ __forceinline__ void seq_state_load(float (&st)[4][4], const float* src, int64_t off, int srow,
-                                               const SeqSmem& s) {
+                                               const SeqSmem& s, AbsMax& m) {
   const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
 #pragma unroll
   for (int nn = 0; nn < 4; ++nn)
@@ -266,7 +313,7 @@ __device__ __forceinline__ void seq_state_load(float (&st)[4][4], const float* s
       GDN_FRAG_RC(srow, 0, nn, e);
       st[nn][e] = src ? src[off + (int64_t)r * DV + j] : 0.f;
     }
-  store_planes(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; });
+  store_ops<F16>(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; }, m);
 }
 __device__ __forceinline__ void seq_state_store(float* dst, int64_t off, const float (&st)[4][4], int srow) {
   if (!dst) return;
@@ -290,6 +337,9 @@ __device__ __forceinline__ void seq_state_store(float* dst, int64_t off, const f
 // computes (each buffer is refilled right after the barrier that ends its last use); k and P are
 // loaded at the top of the step (P is first needed in P3). cp.async groups, oldest first:
 // [K_c] [P_c] [Q,X,vec_{c+1}] [T_{c+1}].
+// F16 (forward only): fp16 operands (gdn_mma16.cuh); q/k come from prep's raw fp16 copies,
+// and the largest |x| of the S, Y and Delta operands is checked once at the end of the sequence.
+template <bool F16 = false>
 __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t bid, const SeqSmem& s) {
   const int vs = (int)(bid % NVS);
   const int64_t rest = bid / NVS;
@@ -305,18 +355,35 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
   const int srow = 16 * warp;  // state rows of this warp
   GDN_PH_START
 
+  constexpr int np = F16 ? 1 : 2;
+  AbsMax mS, mY, mD;  // F16 range check of the S, Y and Delta (and Delta') operands
   float st[4][4];
-  seq_state_load(st, p.h0, (n * p.HV + hv) * KV + v0, srow, s);
+  seq_state_load<F16>(st, p.h0, (n * p.HV + hv) * KV + v0, srow, s, mS);
+  // q/k tiles: raw bf16 inputs, or (F16) prep's fp16 copies [T,H,K]
+  const auto ld_q = [&](const ChunkGeo& g) {
+    if constexpr (F16) ld_qk(s.Qb, p.qh, (int64_t)p.H * DK, DK, 1, h, g);
+    else ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g);
+  };
+  // k tile of chunk c: F16 double-buffers it by chunk parity
+  const auto kbuf = [&](int64_t c) { return (F16 && (c & 1)) ? s.Kb2 : s.Kb; };
+  const auto ld_k = [&](const ChunkGeo& g) {
+    if constexpr (F16) ld_qk(kbuf(g.c), p.kh, (int64_t)p.H * DK, DK, 1, h, g);
+    else ld_qk(s.Kb, p.k, p.k_st, p.k_sh, p.vec_k, h, g);
+  };
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  if (c_beg < c_end) {  // prologue: q, x, vectors, T of the first chunk
+  if (c_beg < c_end) {  // prologue: (F16: k,) q, x, vectors, T of the first chunk
     const ChunkGeo g = chunk_geo(c_beg, c_beg, bos, eos);
-    if (want_o) ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g);
+    if constexpr (F16) {
+      ld_k(g);
+      cp_async_commit();
+    }
+    if (want_o) ld_q(g);
     ld_x(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g);
     ld_vecs(s, (int)(c_beg & 1), p, h, hv, g);
     cp_async_commit();
-    ld_planes(s.Tp, p.Tp, p, hv, g);
+    ld_planes<F16>(s.Tp, p.Tp, p, hv, g);
     cp_async_commit();
   }
   for (int64_t c = c_beg; c < c_end; ++c) {
@@ -329,21 +396,36 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     const float* rsQ = s.rsQ + b * C;
     __syncthreads();  // previous chunk fully done with Kb, Pp, Sp
     GDN_PH(0);
-    ld_qk(s.Kb, p.k, p.k_st, p.k_sh, p.vec_k, h, g);
+    const __nv_bfloat16* Kc = kbuf(c);
+    if constexpr (!F16) {
+      ld_k(g);
+      cp_async_commit();
+    }
+    if (want_o) ld_planes<F16>(s.Pp, p.Pp, p, hv, g);
     cp_async_commit();
-    if (want_o) ld_planes(s.Pp, p.Pp, p, hv, g);
-    cp_async_commit();
+    if constexpr (F16) {  // k of the next chunk into the other buffer (last read in step c-1)
+      if (c + 1 < c_end) ld_k(chunk_geo(c + 1, c_beg, bos, eos));
+      cp_async_commit();
+    }
     if (want_h) seq_state_store(p.hs, (c * p.HV + hv) * KV + v0, st, srow);  // S at the chunk start
-    cp_async_wait<1>();  // all but P_c
+    // F16 groups: [K_c] [Q,X,vec_c] [T_c] | [P_c] [K_c+1]; bf16x2: [Q,X,vec_c] [T_c] [K_c] | [P_c]
+    cp_async_wait<F16 ? 2 : 1>();  // all but P_c (and K_c+1)
     __syncthreads();
     GDN_PH(1);
     if (c + 1 < c_end) {  // L2 prefetch of what the next step loads first: its k tile and P planes
       const ChunkGeo g1 = chunk_geo(c + 1, c_beg, bos, eos);
       if (tid < 128) {
         const int r = tid >> 1;
-        if (r < g1.L) prefetch_l2(bf16_at(p.k, (g1.t0 + r) * p.k_st + (int64_t)h * p.k_sh + (tid & 1) * 64));
-      } else if (want_o) {
-        prefetch_l2(p.Pp + (g1.c * p.HV + hv) * (int64_t)(2 * C * C) + (tid - 128) * 64);
+        if constexpr (F16) {  // (k of c+1 is loading already: the one after it)
+          if (c + 2 < c_end) {
+            const ChunkGeo g2 = chunk_geo(c + 2, c_beg, bos, eos);
+            if (r < g2.L) prefetch_l2(static_cast<const __half*>(p.kh) + ((g2.t0 + r) * p.H + h) * DK + (tid & 1) * 64);
+          }
+        } else if (r < g1.L) {
+          prefetch_l2(bf16_at(p.k, (g1.t0 + r) * p.k_st + (int64_t)h * p.k_sh + (tid & 1) * 64));
+        }
+      } else if (want_o && tid - 128 < 64 * np) {
+        prefetch_l2(p.Pp + (g1.c * p.HV + hv) * (int64_t)(np * C * C) + (tid - 128) * 64);
       }
     }
     const float gl = gam[L - 1];
@@ -357,9 +439,17 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
 #pragma unroll
       for (int k0 = 0; k0 < DK; k0 += 16) {
         uint32_t ak[4], aq[4], bh[4], bl[4];
-        ldsm_x4(ak, s.Kb + a_off_sw<DK>(16 * wr, k0, lane));
+        ldsm_x4(ak, Kc + a_off_sw<DK>(16 * wr, k0, lane));
         if (want_o) ldsm_x4(aq, s.Qb + a_off_sw<DK>(16 * wr, k0, lane));
         ldsm_x4_t(bh, s.Sp + b_off(LDS, k0, 16 * wc, lane));
+        if constexpr (F16) {
+#pragma unroll
+          for (int nn = 0; nn < 2; ++nn) {
+            mma_f16(aX[nn], ak, bh[2 * nn], bh[2 * nn + 1]);
+            if (want_o) mma_f16(aO[nn], aq, bh[2 * nn], bh[2 * nn + 1]);
+          }
+          continue;
+        }
         ldsm_x4_t(bl, s.Sp + SP_EL + b_off(LDS, k0, 16 * wc, lane));
 #pragma unroll
         for (int nn = 0; nn < 2; ++nn) {
@@ -374,17 +464,17 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       // per-row factors of this lane's two rows (16wr + gq, +8); r & 8 selects
       const int r0 = 16 * wr + gq;
       const float f0 = expf(gam[r0]) * rsK[r0], f1 = expf(gam[r0 + 8]) * rsK[r0 + 8];
-      store_planes(s.Yp, CP_EL, aX, 16 * wr, 16 * wc, [&](int r, int j, float x) {
+      store_ops<F16>(s.Yp, CP_EL, aX, 16 * wr, 16 * wc, [&](int r, int j, float x) {
         const float vv = __bfloat162float(s.Xb[r * LDS + j]);
         return r < L ? bet[r] * (vv - ((r & 8) ? f1 : f0) * x) : 0.f;
-      });
+      }, mY);
     }
     __syncthreads();
     GDN_PH(2);
     // Qb, Xb and the other vector buffer are free: prefetch chunk c+1
     if (c + 1 < c_end) {
       const ChunkGeo g1 = chunk_geo(c + 1, c_beg, bos, eos);
-      if (want_o) ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g1);
+      if (want_o) ld_q(g1);
       ld_x(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g1);
       ld_vecs(s, b ^ 1, p, h, hv, g1);
     }
@@ -392,14 +482,14 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     {  // P2: Delta = T Y
       float aD[2][4];
       zero4(aD);
-      mma_split_split<false>(aD, s.Tp, 16 * wr, s.Yp, 16 * wc);
+      mma_split_split<false, F16>(aD, s.Tp, 16 * wr, s.Yp, 16 * wc);
       __syncthreads();  // Y planes are reused for Delta' = diag(dec) Delta; Tp is free
       GDN_PH(3);
-      if (c + 1 < c_end) ld_planes(s.Tp, p.Tp, p, hv, chunk_geo(c + 1, c_beg, bos, eos));
+      if (c + 1 < c_end) ld_planes<F16>(s.Tp, p.Tp, p, hv, chunk_geo(c + 1, c_beg, bos, eos));
       cp_async_commit();
       const auto mask = [&](int r, int, float x) { return r < L ? x : 0.f; };
-      store_planes(s.Dp, CP_EL, aD, 16 * wr, 16 * wc, mask);
-      store_planes(s.Yp, CP_EL, aD, 16 * wr, 16 * wc, [&](int r, int, float x) { return r < L ? s.dec[r] * x : 0.f; });
+      store_ops<F16>(s.Dp, CP_EL, aD, 16 * wr, 16 * wc, mask, mD);
+      store_ops<F16>(s.Yp, CP_EL, aD, 16 * wr, 16 * wc, [&](int r, int, float x) { return r < L ? s.dec[r] * x : 0.f; }, mD);
       if (want_h) {
 #pragma unroll
         for (int nn = 0; nn < 2; ++nn)
@@ -412,7 +502,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
           }
       }
     }
-    cp_async_wait<2>();  // P_c landed (the two prefetch groups may still be in flight)
+    cp_async_wait<F16 ? 3 : 2>();  // P_c landed (K_c+1 and the two prefetch groups may still be in flight)
     __syncthreads();
     GDN_PH(4);
     if (want_o) {  // P3: O = s (e^gam rsQ O1 + P Delta)
@@ -422,7 +512,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) aO[nn][e] *= (e & 2) ? f1 : f0;
-      mma_split_split<false>(aO, s.Pp, 16 * wr, s.Dp, 16 * wc);
+      mma_split_split<false, F16>(aO, s.Pp, 16 * wr, s.Dp, 16 * wc);
       __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.o);
 #pragma unroll
       for (int nn = 0; nn < 2; ++nn)
@@ -447,14 +537,32 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       for (int nn = 0; nn < 4; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[nn][e] *= eg;
-      mma_raw_split<C, DK, true, 4>(st, s.Kb, srow, s.Yp, CP_EL, 0);
+      mma_raw_split<C, DK, true, 4, F16>(st, Kc, srow, s.Yp, CP_EL, 0);
       // P1 of this chunk was the last reader of the old planes (two barriers ago)
-      store_planes(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; });
+      store_ops<F16>(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; }, mS);
       GDN_PH(6);
     }
   }
   cp_async_wait<0>();
   seq_state_store((mode & 1) ? p.ht : nullptr, (n * p.HV + hv) * KV + v0, st, srow);
+  if constexpr (F16) {  // range check of this block's fp16 operands over the whole sequence
+    __shared__ unsigned bmax[3];
+    __syncthreads();
+    if (tid < 3) bmax[tid] = 0;
+    __syncthreads();
+    const float m0 = mS.warp_max(), m1 = mY.warp_max(), m2 = mD.warp_max();
+    if (lane == 0) {
+      atomicMax(&bmax[0], __float_as_uint(m0));
+      atomicMax(&bmax[1], __float_as_uint(m1));
+      atomicMax(&bmax[2], __float_as_uint(m2));
+    }
+    __syncthreads();
+    if (tid == 0 && !(f16_range_ok(__uint_as_float(bmax[0])) && f16_range_ok(__uint_as_float(bmax[1])) &&
+                      f16_range_ok(__uint_as_float(bmax[2])))) {
+      p.f16_bad[n * p.HV + hv] = 1;
+      p.f16_bad[p.N * p.HV] = 1;
+    }
+  }
 }
 
 // Reverse sequential pass, same block shape. dS = gradient w.r.t. the state leaving the chunk.
@@ -478,7 +586,8 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
   GDN_PH_START
 
   float st[4][4];
-  seq_state_load(st, p.dht, (n * p.HV + hv) * KV + v0, srow, s);
+  AbsMax unused;  // (range checks are for fp16 operands only)
+  seq_state_load(st, p.dht, (n * p.HV + hv) * KV + v0, srow, s, unused);
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
@@ -595,8 +704,14 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
 }
 
 __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, int mode) {
+  if (p.run_if && !p.run_if[blockIdx.x / NVS]) return;  // fallback launch: only flagged (n, hv)s
   extern __shared__ __align__(128) unsigned char smraw[];
   state_body(p, mode, blockIdx.x, seq_smem(smraw));
+}
+// The fast forward (F16 operands; mode 1 only).
+__global__ void __launch_bounds__(kSeqThreads, 2) gdn_state16_kernel(KParams p) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  state_body<true>(p, 1, blockIdx.x, seq_smem<true>(smraw));
 }
 
 __global__ void __launch_bounds__(kSeqThreads, 2) gdn_dh_kernel(KParams p) {
