@@ -60,12 +60,14 @@ Layout layout(const GdnProblem& p) {
   l.bet = take(T * HV * f);
   l.Tp = take(NT * HV * 2 * C * C * sizeof(uint16_t));
   l.Pp = take(NT * HV * 2 * C * C * sizeof(uint16_t));
-  if (p.fast_forward) {
+  const size_t shared_end = off;
+  if (p.fast_forward) {  // forward only: the backward's buffers below start at the same offset
     l.kh = take(T * H * DK * sizeof(uint16_t));
     l.qh = take(T * H * DK * sizeof(uint16_t));
     l.bad = take(((size_t)p.num_seqs * HV + 1) * sizeof(int32_t));
   }
   l.total_fwd = off;
+  off = shared_end;
   l.hs = take(NT * HV * KV * f);
   l.dhs = take(NT * HV * KV * f);
   l.Dl = take(T * HV * DV * f);

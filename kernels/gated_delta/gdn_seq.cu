@@ -27,7 +27,6 @@ constexpr int CP_EL = C * LDS;     // one [64][LDS] plane
 
 struct SeqSmem {
   __nv_bfloat16 *Kb, *Qb, *Tp, *Pp, *Xb, *Sp, *Yp, *Dp;
-  __nv_bfloat16* Kb2;  // F16: second k buffer (k of chunk c+1 loads while chunk c computes)
   float *gam, *bet, *rsK, *rsQ;  // [2][64] each (double-buffered by chunk parity)
   float* dec;                     // [64]
 };
@@ -46,8 +45,7 @@ __device__ __forceinline__ SeqSmem seq_smem(void* base) {
   s.Sp = s.Xb + CP_EL;       // [np][128][LDS] state planes
   s.Yp = s.Sp + np * SP_EL;  // [np][64][LDS]
   s.Dp = s.Yp + np * CP_EL;  // [np][64][LDS]
-  s.Kb2 = F16 ? s.Dp + np * CP_EL : s.Kb;
-  float* f = reinterpret_cast<float*>(s.Dp + np * CP_EL + (F16 ? KQ_EL : 0));
+  float* f = reinterpret_cast<float*>(s.Dp + np * CP_EL);
   s.gam = f;
   s.bet = f + 2 * C;
   s.rsK = f + 4 * C;
@@ -61,7 +59,7 @@ __device__ __forceinline__ SeqSmem seq_smem(void* base) {
 // bytes of dynamic shared memory of both sequential kernels
 size_t seq_smem_bytes(bool f16) {
   const size_t np = f16 ? 1 : 2;
-  return ((f16 ? 3 : 2) * KQ_EL + 2 * np * TP_EL + CP_EL + np * SP_EL + 2 * np * CP_EL) * 2 + 9 * C * sizeof(float);
+  return (2 * KQ_EL + 2 * np * TP_EL + CP_EL + np * SP_EL + 2 * np * CP_EL) * 2 + 9 * C * sizeof(float);
 }
 
 // Piecewise chunk loads (cp.async where alignment allows, zero-filled rows >= L), so that each
@@ -364,21 +362,15 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     if constexpr (F16) ld_qk(s.Qb, p.qh, (int64_t)p.H * DK, DK, 1, h, g);
     else ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g);
   };
-  // k tile of chunk c: F16 double-buffers it by chunk parity
-  const auto kbuf = [&](int64_t c) { return (F16 && (c & 1)) ? s.Kb2 : s.Kb; };
   const auto ld_k = [&](const ChunkGeo& g) {
-    if constexpr (F16) ld_qk(kbuf(g.c), p.kh, (int64_t)p.H * DK, DK, 1, h, g);
+    if constexpr (F16) ld_qk(s.Kb, p.kh, (int64_t)p.H * DK, DK, 1, h, g);
     else ld_qk(s.Kb, p.k, p.k_st, p.k_sh, p.vec_k, h, g);
   };
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  if (c_beg < c_end) {  // prologue: (F16: k,) q, x, vectors, T of the first chunk
+  if (c_beg < c_end) {  // prologue: q, x, vectors, T of the first chunk
     const ChunkGeo g = chunk_geo(c_beg, c_beg, bos, eos);
-    if constexpr (F16) {
-      ld_k(g);
-      cp_async_commit();
-    }
     if (want_o) ld_q(g);
     ld_x(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g);
     ld_vecs(s, (int)(c_beg & 1), p, h, hv, g);
@@ -396,33 +388,21 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     const float* rsQ = s.rsQ + b * C;
     __syncthreads();  // previous chunk fully done with Kb, Pp, Sp
     GDN_PH(0);
-    const __nv_bfloat16* Kc = kbuf(c);
-    if constexpr (!F16) {
-      ld_k(g);
-      cp_async_commit();
-    }
+    ld_k(g);
+    cp_async_commit();
     if (want_o) ld_planes<F16>(s.Pp, p.Pp, p, hv, g);
     cp_async_commit();
-    if constexpr (F16) {  // k of the next chunk into the other buffer (last read in step c-1)
-      if (c + 1 < c_end) ld_k(chunk_geo(c + 1, c_beg, bos, eos));
-      cp_async_commit();
-    }
     if (want_h) seq_state_store(p.hs, (c * p.HV + hv) * KV + v0, st, srow);  // S at the chunk start
-    // F16 groups: [K_c] [Q,X,vec_c] [T_c] | [P_c] [K_c+1]; bf16x2: [Q,X,vec_c] [T_c] [K_c] | [P_c]
-    cp_async_wait<F16 ? 2 : 1>();  // all but P_c (and K_c+1)
+    cp_async_wait<1>();  // all but P_c
     __syncthreads();
     GDN_PH(1);
     if (c + 1 < c_end) {  // L2 prefetch of what the next step loads first: its k tile and P planes
       const ChunkGeo g1 = chunk_geo(c + 1, c_beg, bos, eos);
       if (tid < 128) {
         const int r = tid >> 1;
-        if constexpr (F16) {  // (k of c+1 is loading already: the one after it)
-          if (c + 2 < c_end) {
-            const ChunkGeo g2 = chunk_geo(c + 2, c_beg, bos, eos);
-            if (r < g2.L) prefetch_l2(static_cast<const __half*>(p.kh) + ((g2.t0 + r) * p.H + h) * DK + (tid & 1) * 64);
-          }
-        } else if (r < g1.L) {
-          prefetch_l2(bf16_at(p.k, (g1.t0 + r) * p.k_st + (int64_t)h * p.k_sh + (tid & 1) * 64));
+        if (r < g1.L) {
+          if constexpr (F16) prefetch_l2(static_cast<const __half*>(p.kh) + ((g1.t0 + r) * p.H + h) * DK + (tid & 1) * 64);
+          else prefetch_l2(bf16_at(p.k, (g1.t0 + r) * p.k_st + (int64_t)h * p.k_sh + (tid & 1) * 64));
         }
       } else if (want_o && tid - 128 < 64 * np) {
         prefetch_l2(p.Pp + (g1.c * p.HV + hv) * (int64_t)(np * C * C) + (tid - 128) * 64);
@@ -439,7 +419,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
 #pragma unroll
       for (int k0 = 0; k0 < DK; k0 += 16) {
         uint32_t ak[4], aq[4], bh[4], bl[4];
-        ldsm_x4(ak, Kc + a_off_sw<DK>(16 * wr, k0, lane));
+        ldsm_x4(ak, s.Kb + a_off_sw<DK>(16 * wr, k0, lane));
         if (want_o) ldsm_x4(aq, s.Qb + a_off_sw<DK>(16 * wr, k0, lane));
         ldsm_x4_t(bh, s.Sp + b_off(LDS, k0, 16 * wc, lane));
         if constexpr (F16) {
@@ -502,7 +482,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
           }
       }
     }
-    cp_async_wait<F16 ? 3 : 2>();  // P_c landed (K_c+1 and the two prefetch groups may still be in flight)
+    cp_async_wait<2>();  // P_c landed (the two prefetch groups may still be in flight)
     __syncthreads();
     GDN_PH(4);
     if (want_o) {  // P3: O = s (e^gam rsQ O1 + P Delta)
@@ -537,7 +517,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       for (int nn = 0; nn < 4; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[nn][e] *= eg;
-      mma_raw_split<C, DK, true, 4, F16>(st, Kc, srow, s.Yp, CP_EL, 0);
+      mma_raw_split<C, DK, true, 4, F16>(st, s.Kb, srow, s.Yp, CP_EL, 0);
       // P1 of this chunk was the last reader of the old planes (two barriers ago)
       store_ops<F16>(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; }, mS);
       GDN_PH(6);

@@ -186,7 +186,8 @@ struct GdnFunction : public torch::autograd::Function<GdnFunction> {
                             const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
                             const at::Tensor& b, const at::Tensor& A_log,
                             const at::Tensor& dt_bias, const at::Tensor& plan_buf,
-                            int64_t num_seqs, int64_t num_chunks, bool qk_l2norm, double scale) {
+                            int64_t num_seqs, int64_t num_chunks, bool qk_l2norm, double scale,
+                            bool fast_forward) {
     ctx->save_for_backward({q, k, v, a, b, A_log, dt_bias, plan_buf});
     ctx->saved_data["num_seqs"] = num_seqs;
     ctx->saved_data["num_chunks"] = num_chunks;
@@ -198,6 +199,7 @@ struct GdnFunction : public torch::autograd::Function<GdnFunction> {
     c10::cuda::CUDAGuard guard(q.device());
     qrun::gdn::GdnProblem p = problem(q, k, v, a, b, A_log, dt_bias, plan_buf, num_seqs,
                                       num_chunks, qk_l2norm, scale);
+    p.fast_forward = fast_forward;
     qrun::gdn::GdnFwdOut out;
     rows_of(o, out.o, out.o_st, out.o_sh);
     call_kernels("gdn_forward", [&] {
@@ -253,7 +255,7 @@ struct GdnFunction : public torch::autograd::Function<GdnFunction> {
       });
     }
     return {dq, dk, dv, da.to(a.scalar_type()), db.to(b.scalar_type()), dA_log, ddt,
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
   static qrun::gdn::GdnProblem problem(const at::Tensor& q, const at::Tensor& k,
@@ -297,6 +299,8 @@ const char* dtype_name(const at::Tensor& t) { return c10::toString(t.scalar_type
 
 class FlaGatedDelta final : public LinearAttention {
  public:
+  explicit FlaGatedDelta(bool fast_forward) : fast_forward_(fast_forward) {}
+
   at::Tensor forward(const GatedDeltaInputs& in, const SeqInfo& seq,
                      const GatedDeltaOptions& opt) override {
     const bool padded = seq.layout == Layout::Padded;
@@ -377,7 +381,7 @@ class FlaGatedDelta final : public LinearAttention {
       b = b.narrow(0, 0, kt);
     }
     at::Tensor o = GdnFunction::apply(q, k, v, a, b, A_log, dt_bias, plan->buf, plan->num_seqs,
-                                      plan->num_chunks, opt.qk_l2norm, opt.scale);
+                                      plan->num_chunks, opt.qk_l2norm, opt.scale, fast_forward_);
     if (kt < total) o = at::constant_pad_nd(o, {0, 0, 0, 0, 0, total - kt});
     if (!padded) return o;
     const int64_t B = in.q.size(0), S = in.q.size(1);
@@ -404,6 +408,7 @@ class FlaGatedDelta final : public LinearAttention {
     return last_;
   }
 
+  const bool fast_forward_;
   std::mutex mu_;
   std::shared_ptr<const Plan> last_;
 };
@@ -413,7 +418,13 @@ void register_all(Registrar& r) {
       kName,
       "CUDA chunked gated delta rule (sm_90, bf16 q/k/v, fp32 state; fused gate, beta and q/k "
       "L2 norm; varlen)",
-      Schema{}, [](const Config&) { return std::make_unique<FlaGatedDelta>(); });
+      Schema{Field::choice("forward_operands", "fp16", {"fp16", "bf16x2"})
+                 .doc("operands of the forward's tensor-core products: fp16 (one plane, range-"
+                      "checked per sequence with a bf16x2 fallback; the fast default) or bf16x2 "
+                      "(hi/lo bf16 planes, 16 significant bits, as the backward always uses)")},
+      [](const Config& c) {
+        return std::make_unique<FlaGatedDelta>(c.get_optional_string("forward_operands").value_or("fp16") == "fp16");
+      });
 }
 
 }  // namespace
