@@ -22,6 +22,7 @@ __global__ void gdn_prep_kernel(KParams p);
 __global__ void gdn_prep16_kernel(KParams p);
 __global__ void gdn_state_kernel(KParams p, int mode);
 __global__ void gdn_state16_kernel(KParams p);
+__global__ void gdn_state16_wide_kernel(KParams p);
 __global__ void gdn_dh_kernel(KParams p);
 __global__ void gdn_state_dh_kernel(KParams p, int64_t nstate);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
@@ -133,13 +134,26 @@ void check_launch(const char* name) { check_cuda(cudaGetLastError(), name); }
 // Raises a kernel's dynamic shared-memory limit once per (kernel, device).
 template <class K>
 void set_smem(K kernel, size_t bytes, int slot) {
-  static std::atomic<uint64_t> done[6][64];
+  static std::atomic<uint64_t> done[8][64];  // [slot: one per kernel][device]
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   auto& flag = done[slot][dev & 63];
   if (flag.load(std::memory_order_acquire) == (uint64_t)bytes) return;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), "cudaFuncSetAttribute");
   flag.store((uint64_t)bytes, std::memory_order_release);
+}
+
+// Multiprocessor count of the current device (cached per device).
+int sm_count() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  int n = cache[dev & 63].load(std::memory_order_relaxed);
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    cache[dev & 63].store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 // Debug aid: QRUN_GDN_PROFILE=1 times every launch with events and prints the split to stderr
@@ -265,8 +279,11 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
     check_cuda(cudaMemsetAsync(k.f16_bad, 0, ((size_t)p.num_seqs * p.HV + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
     launch_common_fwd(k, p, s, pr, true);
     if (p.num_seqs > 0) {
-      set_smem(gdn_state16_kernel, seq_smem_bytes(true), 4);
-      gdn_state16_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, seq_smem_bytes(true), s>>>(k);
+      const int64_t blocks = p.num_seqs * p.HV * NVS16;
+      const bool wide = blocks <= sm_count();  // one block per SM: the 255-register build
+      const auto kern = wide ? gdn_state16_wide_kernel : gdn_state16_kernel;
+      set_smem(kern, seq_smem_bytes(true), wide ? 7 : 4);
+      kern<<<grid1d(blocks, "state"), 256, seq_smem_bytes(true), s>>>(k);
       check_launch("gdn_state16_kernel");
       pr.mark("state(fwd, fp16)");
     }

@@ -24,6 +24,11 @@ constexpr int KQ_EL = C * DK;      // one swizzled [64][128] bf16 tile
 constexpr int TP_EL = C * C;       // one swizzled [64][64] bf16 plane
 constexpr int SP_EL = DK * LDS;    // one [128][LDS] plane
 constexpr int CP_EL = C * LDS;     // one [64][LDS] plane
+// The same for a V slice of width W (the bf16x2 kernels: W = BV; the fp16 state kernel: BV16).
+template <int W>
+struct SliceG {
+  static constexpr int LD = W + 8, SP = DK * LD, CP = C * LD, NS = DV / W;
+};
 
 struct SeqSmem {
   __nv_bfloat16 *Kb, *Qb, *Tp, *Pp, *Xb, *Sp, *Yp, *Dp;
@@ -31,10 +36,12 @@ struct SeqSmem {
   float* dec;                     // [64]
 };
 
-// F16 (the fast forward): one fp16 plane per operand matrix instead of a bf16 hi/lo pair.
-template <bool F16 = false>
+// F16 (the fast forward): one fp16 plane per operand matrix instead of a bf16 hi/lo pair; W: the
+// V slice width.
+template <bool F16 = false, int W = BV>
 __device__ __forceinline__ SeqSmem seq_smem(void* base) {
   constexpr int np = F16 ? 1 : 2;
+  constexpr int CP_EL = SliceG<W>::CP, SP_EL = SliceG<W>::SP;
   SeqSmem s;
   __nv_bfloat16* b = static_cast<__nv_bfloat16*>(base);
   s.Kb = b;                  // [64][128] swizzled, raw k (F16: fp16 k)
@@ -59,6 +66,7 @@ __device__ __forceinline__ SeqSmem seq_smem(void* base) {
 // bytes of dynamic shared memory of both sequential kernels
 size_t seq_smem_bytes(bool f16) {
   const size_t np = f16 ? 1 : 2;
+  const size_t CP_EL = f16 ? SliceG<BV16>::CP : SliceG<BV>::CP, SP_EL = f16 ? SliceG<BV16>::SP : SliceG<BV>::SP;
   return (2 * KQ_EL + 2 * np * TP_EL + CP_EL + np * SP_EL + 2 * np * CP_EL) * 2 + 9 * C * sizeof(float);
 }
 
@@ -117,9 +125,11 @@ __device__ __forceinline__ void ld_qk(__nv_bfloat16* dst, const void* src_all, i
     }
   }
 }
-// raw [64][BV] slice of v or dO
+// raw [64][BV] slice of v or dO (a [64][W] slice, row stride SliceG<W>::LD)
+template <int BV = BV>
 __device__ __forceinline__ void ld_x(__nv_bfloat16* dst, const void* src_all, int64_t st, int64_t sh,
                                      int vec, int hv, int v0, const ChunkGeo& g) {
+  constexpr int LDS = SliceG<BV>::LD;
   const __nv_bfloat16* base = bf16_at(src_all, g.t0 * st + (int64_t)hv * sh + v0);
   if (vec) {
     constexpr int NXV = C * BV / 8;
@@ -157,7 +167,7 @@ __device__ __forceinline__ void ld_vecs(const SeqSmem& s, int b, const KParams& 
 
 // Writes the split planes of a warp's m16 x (8*NT) fp32 accumulator tile at (r0, c0) of a
 // [rows][LDS] plane pair (hi at P, lo at P + plane). f(row, col, value) -> value to store.
-template <int NT, class F>
+template <int NT, class F, int LDS = LDS>
 __device__ __forceinline__ void store_planes(__nv_bfloat16* P, int plane, const float (&acc)[NT][4],
                                              int r0, int c0, F f) {
   const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
@@ -175,7 +185,7 @@ __device__ __forceinline__ void store_planes(__nv_bfloat16* P, int plane, const 
 
 // store_planes for the operand format: F16 writes one fp16 plane (no lo plane) and adds the
 // stored values to the range check m.
-template <bool F16, int NT, class F>
+template <bool F16, int NT, class F, int LDS = LDS>
 __device__ __forceinline__ void store_ops(__nv_bfloat16* P, int plane, const float (&acc)[NT][4], int r0,
                                           int c0, F f, AbsMax& m) {
   if constexpr (F16) {
@@ -191,7 +201,7 @@ __device__ __forceinline__ void store_ops(__nv_bfloat16* P, int plane, const flo
         *reinterpret_cast<uint32_t*>(P + r * LDS + cc) = pack_h2(x0, x1);
       }
   } else {
-    store_planes(P, plane, acc, r0, c0, f);
+    store_planes<NT, F, LDS>(P, plane, acc, r0, c0, f);
   }
 }
 
@@ -199,7 +209,7 @@ __device__ __forceinline__ void store_ops(__nv_bfloat16* P, int plane, const flo
 // [rows][LDA] matrix (row-major [m][k]: TRANS_A = false; stored [k][m]: TRANS_A = true), B from
 // the hi/lo planes of a [k][LDS] matrix.
 // (F16: A and B are fp16 (B one plane): 1 MMA per tile)
-template <int KD, int LDA, bool TRANS_A, int NT, bool F16 = false>
+template <int KD, int LDA, bool TRANS_A, int NT, bool F16 = false, int LDS = LDS>
 __device__ __forceinline__ void mma_raw_split(float (&acc)[NT][4], const __nv_bfloat16* A, int m0,
                                               const __nv_bfloat16* B, int plane, int n0) {
   const int lane = threadIdx.x & 31;
@@ -230,10 +240,12 @@ __device__ __forceinline__ void mma_raw_split(float (&acc)[NT][4], const __nv_bf
 
 // acc[2] += A * B over K = 64, A = hi/lo planes of a swizzled [64][64] matrix (TRANS_A: A = M^T),
 // B = hi/lo planes of a [64][LDS] matrix (split x split: 3 MMAs per tile).
-// (F16: one fp16 plane each, 1 MMA per tile)
-template <bool TRANS_A, bool F16 = false>
-__device__ __forceinline__ void mma_split_split(float (&acc)[2][4], const __nv_bfloat16* A, int m0,
+// (F16: one fp16 plane each, 1 MMA per tile, and NT n8 tiles (a 16 x 8NT tile) sharing each A
+// fragment)
+template <bool TRANS_A, bool F16 = false, int NT = 2, int LDS = LDS>
+__device__ __forceinline__ void mma_split_split(float (&acc)[NT][4], const __nv_bfloat16* A, int m0,
                                                 const __nv_bfloat16* B, int n0) {
+  static_assert(F16 || NT == 2, "the bf16x2 form computes one 16 x 16 tile");
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int k0 = 0; k0 < C; k0 += 16) {
@@ -242,9 +254,12 @@ __device__ __forceinline__ void mma_split_split(float (&acc)[2][4], const __nv_b
     if constexpr (F16) {
       if constexpr (TRANS_A) ldsm_x4_t(ah, A + ao);
       else ldsm_x4(ah, A + ao);
-      ldsm_x4_t(bh, B + b_off(LDS, k0, n0, lane));
-      mma_f16(acc[0], ah, bh[0], bh[1]);
-      mma_f16(acc[1], ah, bh[2], bh[3]);
+#pragma unroll
+      for (int nh = 0; nh < NT / 2; ++nh) {
+        ldsm_x4_t(bh, B + b_off(LDS, k0, n0 + 16 * nh, lane));
+        mma_f16(acc[2 * nh], ah, bh[0], bh[1]);
+        mma_f16(acc[2 * nh + 1], ah, bh[2], bh[3]);
+      }
       continue;
     }
     if constexpr (TRANS_A) {
@@ -300,24 +315,26 @@ __device__ __forceinline__ void zero4(float (&a)[NT][4]) {
 // The recurrent state (S or dS) of a block: this warp's 16 rows x the V slice, fp32 accumulator
 // fragments. Loaded from a [N,HV,K,V] state tensor (zero when null) into registers and the MMA
 // planes; stored back at the end (null: not wanted).
-template <bool F16 = false>
-__device__ __forceinline__ void seq_state_load(float (&st)[4][4], const float* src, int64_t off, int srow,
+template <bool F16 = false, int W = BV>
+__device__ __forceinline__ void seq_state_load(float (&st)[W / 8][4], const float* src, int64_t off, int srow,
                                                const SeqSmem& s, AbsMax& m) {
   const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
 #pragma unroll
-  for (int nn = 0; nn < 4; ++nn)
+  for (int nn = 0; nn < W / 8; ++nn)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       GDN_FRAG_RC(srow, 0, nn, e);
       st[nn][e] = src ? src[off + (int64_t)r * DV + j] : 0.f;
     }
-  store_ops<F16>(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; }, m);
+  const auto id = [](int, int, float x) { return x; };
+  store_ops<F16, W / 8, decltype(id), SliceG<W>::LD>(s.Sp, SliceG<W>::SP, st, srow, 0, id, m);
 }
-__device__ __forceinline__ void seq_state_store(float* dst, int64_t off, const float (&st)[4][4], int srow) {
+template <int W = BV>
+__device__ __forceinline__ void seq_state_store(float* dst, int64_t off, const float (&st)[W / 8][4], int srow) {
   if (!dst) return;
   const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
 #pragma unroll
-  for (int nn = 0; nn < 4; ++nn)
+  for (int nn = 0; nn < W / 8; ++nn)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       GDN_FRAG_RC(srow, 0, nn, 2 * hh);
@@ -337,16 +354,20 @@ __device__ __forceinline__ void seq_state_store(float* dst, int64_t off, const f
 // [K_c] [P_c] [Q,X,vec_{c+1}] [T_{c+1}].
 // F16 (forward only): fp16 operands (gdn_mma16.cuh); q/k come from prep's raw fp16 copies,
 // and the largest |x| of the S, Y and Delta operands is checked once at the end of the sequence.
-template <bool F16 = false>
+// W: the V slice width (BV16 for F16): warp w owns chunk tiles rows 16*(w&3) x cols (W/2)*(w>>2)
+// and state rows 16*w x all W columns.
+template <bool F16 = false, int W = BV>
 __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t bid, const SeqSmem& s) {
+  constexpr int LDS = SliceG<W>::LD, CP_EL = SliceG<W>::CP, SP_EL = SliceG<W>::SP, NVS = SliceG<W>::NS;
+  constexpr int NTC = W / 16, NTS = W / 8;  // n8 tiles of a warp's chunk tile / state rows
   const int vs = (int)(bid % NVS);
   const int64_t rest = bid / NVS;
   const int hv = (int)(rest % p.HV);
   const int64_t n = rest / p.HV;
   const int h = hv / p.G;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-  const int wr = warp & 3, wc = warp >> 2;
-  const int v0 = vs * BV;
+  const int wr = warp & 3, cw = (W / 2) * (warp >> 2);  // chunk tile row block, first column
+  const int v0 = vs * W;
   const bool want_o = (mode & 1) && p.o;
   const bool want_h = (mode & 2) != 0;
   const int64_t KV = (int64_t)DK * DV;
@@ -355,8 +376,8 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
 
   constexpr int np = F16 ? 1 : 2;
   AbsMax mS, mY, mD;  // F16 range check of the S, Y and Delta (and Delta') operands
-  float st[4][4];
-  seq_state_load<F16>(st, p.h0, (n * p.HV + hv) * KV + v0, srow, s, mS);
+  float st[NTS][4];
+  seq_state_load<F16, W>(st, p.h0, (n * p.HV + hv) * KV + v0, srow, s, mS);
   // q/k tiles: raw bf16 inputs, or (F16) prep's fp16 copies [T,H,K]
   const auto ld_q = [&](const ChunkGeo& g) {
     if constexpr (F16) ld_qk(s.Qb, p.qh, (int64_t)p.H * DK, DK, 1, h, g);
@@ -372,7 +393,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
   if (c_beg < c_end) {  // prologue: q, x, vectors, T of the first chunk
     const ChunkGeo g = chunk_geo(c_beg, c_beg, bos, eos);
     if (want_o) ld_q(g);
-    ld_x(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g);
+    ld_x<W>(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g);
     ld_vecs(s, (int)(c_beg & 1), p, h, hv, g);
     cp_async_commit();
     ld_planes<F16>(s.Tp, p.Tp, p, hv, g);
@@ -392,7 +413,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     cp_async_commit();
     if (want_o) ld_planes<F16>(s.Pp, p.Pp, p, hv, g);
     cp_async_commit();
-    if (want_h) seq_state_store(p.hs, (c * p.HV + hv) * KV + v0, st, srow);  // S at the chunk start
+    if (want_h) seq_state_store<W>(p.hs, (c * p.HV + hv) * KV + v0, st, srow);  // S at the chunk start
     cp_async_wait<1>();  // all but P_c
     __syncthreads();
     GDN_PH(1);
@@ -411,9 +432,9 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     const float gl = gam[L - 1];
     if (tid < C) s.dec[tid] = tid < L ? expf(gl - gam[tid]) * rsK[tid] : 0.f;  // decay x l2norm scale
     // P1
-    float aO[2][4];
+    float aO[NTC][4];
     {
-      float aX[2][4];
+      float aX[NTC][4];
       zero4(aX);
       zero4(aO);
 #pragma unroll
@@ -421,16 +442,21 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
         uint32_t ak[4], aq[4], bh[4], bl[4];
         ldsm_x4(ak, s.Kb + a_off_sw<DK>(16 * wr, k0, lane));
         if (want_o) ldsm_x4(aq, s.Qb + a_off_sw<DK>(16 * wr, k0, lane));
-        ldsm_x4_t(bh, s.Sp + b_off(LDS, k0, 16 * wc, lane));
         if constexpr (F16) {
 #pragma unroll
-          for (int nn = 0; nn < 2; ++nn) {
-            mma_f16(aX[nn], ak, bh[2 * nn], bh[2 * nn + 1]);
-            if (want_o) mma_f16(aO[nn], aq, bh[2 * nn], bh[2 * nn + 1]);
+          for (int nh = 0; nh < NTC / 2; ++nh) {
+            ldsm_x4_t(bh, s.Sp + b_off(LDS, k0, cw + 16 * nh, lane));
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+              mma_f16(aX[2 * nh + t], ak, bh[2 * t], bh[2 * t + 1]);
+              if (want_o) mma_f16(aO[2 * nh + t], aq, bh[2 * t], bh[2 * t + 1]);
+            }
           }
           continue;
         }
-        ldsm_x4_t(bl, s.Sp + SP_EL + b_off(LDS, k0, 16 * wc, lane));
+        static_assert(F16 || NTC == 2, "bf16x2: 16 x 16 warp tiles");
+        ldsm_x4_t(bh, s.Sp + b_off(LDS, k0, cw, lane));
+        ldsm_x4_t(bl, s.Sp + SP_EL + b_off(LDS, k0, cw, lane));
 #pragma unroll
         for (int nn = 0; nn < 2; ++nn) {
           mma_bf16(aX[nn], ak, bl[2 * nn], bl[2 * nn + 1]);
@@ -444,10 +470,11 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       // per-row factors of this lane's two rows (16wr + gq, +8); r & 8 selects
       const int r0 = 16 * wr + gq;
       const float f0 = expf(gam[r0]) * rsK[r0], f1 = expf(gam[r0 + 8]) * rsK[r0 + 8];
-      store_ops<F16>(s.Yp, CP_EL, aX, 16 * wr, 16 * wc, [&](int r, int j, float x) {
+      const auto fy = [&](int r, int j, float x) {
         const float vv = __bfloat162float(s.Xb[r * LDS + j]);
         return r < L ? bet[r] * (vv - ((r & 8) ? f1 : f0) * x) : 0.f;
-      }, mY);
+      };
+      store_ops<F16, NTC, decltype(fy), LDS>(s.Yp, CP_EL, aX, 16 * wr, cw, fy, mY);
     }
     __syncthreads();
     GDN_PH(2);
@@ -455,27 +482,28 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     if (c + 1 < c_end) {
       const ChunkGeo g1 = chunk_geo(c + 1, c_beg, bos, eos);
       if (want_o) ld_q(g1);
-      ld_x(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g1);
+      ld_x<W>(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g1);
       ld_vecs(s, b ^ 1, p, h, hv, g1);
     }
     cp_async_commit();
     {  // P2: Delta = T Y
-      float aD[2][4];
+      float aD[NTC][4];
       zero4(aD);
-      mma_split_split<false, F16>(aD, s.Tp, 16 * wr, s.Yp, 16 * wc);
+      mma_split_split<false, F16, NTC, LDS>(aD, s.Tp, 16 * wr, s.Yp, cw);
       __syncthreads();  // Y planes are reused for Delta' = diag(dec) Delta; Tp is free
       GDN_PH(3);
       if (c + 1 < c_end) ld_planes<F16>(s.Tp, p.Tp, p, hv, chunk_geo(c + 1, c_beg, bos, eos));
       cp_async_commit();
       const auto mask = [&](int r, int, float x) { return r < L ? x : 0.f; };
-      store_ops<F16>(s.Dp, CP_EL, aD, 16 * wr, 16 * wc, mask, mD);
-      store_ops<F16>(s.Yp, CP_EL, aD, 16 * wr, 16 * wc, [&](int r, int, float x) { return r < L ? s.dec[r] * x : 0.f; }, mD);
+      const auto fdec = [&](int r, int, float x) { return r < L ? s.dec[r] * x : 0.f; };
+      store_ops<F16, NTC, decltype(mask), LDS>(s.Dp, CP_EL, aD, 16 * wr, cw, mask, mD);
+      store_ops<F16, NTC, decltype(fdec), LDS>(s.Yp, CP_EL, aD, 16 * wr, cw, fdec, mD);
       if (want_h) {
 #pragma unroll
-        for (int nn = 0; nn < 2; ++nn)
+        for (int nn = 0; nn < NTC; ++nn)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
-            GDN_FRAG_RC(16 * wr, 16 * wc, nn, 2 * hh);
+            GDN_FRAG_RC(16 * wr, cw, nn, 2 * hh);
             if (r < L)
               *reinterpret_cast<float2*>(p.Dl + ((t0 + r) * p.HV + hv) * DV + v0 + j) =
                   make_float2(aD[nn][2 * hh], aD[nn][2 * hh + 1]);
@@ -489,16 +517,16 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       const int r0 = 16 * wr + gq;
       const float f0 = expf(gam[r0]) * rsQ[r0], f1 = expf(gam[r0 + 8]) * rsQ[r0 + 8];
 #pragma unroll
-      for (int nn = 0; nn < 2; ++nn)
+      for (int nn = 0; nn < NTC; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) aO[nn][e] *= (e & 2) ? f1 : f0;
-      mma_split_split<false, F16>(aO, s.Pp, 16 * wr, s.Dp, 16 * wc);
+      mma_split_split<false, F16, NTC, LDS>(aO, s.Pp, 16 * wr, s.Dp, cw);
       __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.o);
 #pragma unroll
-      for (int nn = 0; nn < 2; ++nn)
+      for (int nn = 0; nn < NTC; ++nn)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          GDN_FRAG_RC(16 * wr, 16 * wc, nn, 2 * hh);
+          GDN_FRAG_RC(16 * wr, cw, nn, 2 * hh);
           if (r >= L) continue;
           const int64_t off = (t0 + r) * p.o_st + (int64_t)hv * p.o_sh + v0 + j;
           const float x0 = p.scale * aO[nn][2 * hh], x1 = p.scale * aO[nn][2 * hh + 1];
@@ -514,17 +542,18 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     {  // P4: S = e^{gam_L} S + K^T Delta'
       const float eg = expf(gl);
 #pragma unroll
-      for (int nn = 0; nn < 4; ++nn)
+      for (int nn = 0; nn < NTS; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[nn][e] *= eg;
-      mma_raw_split<C, DK, true, 4, F16>(st, s.Kb, srow, s.Yp, CP_EL, 0);
+      mma_raw_split<C, DK, true, NTS, F16, LDS>(st, s.Kb, srow, s.Yp, CP_EL, 0);
       // P1 of this chunk was the last reader of the old planes (two barriers ago)
-      store_ops<F16>(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; }, mS);
+      const auto id = [](int, int, float x) { return x; };
+      store_ops<F16, NTS, decltype(id), LDS>(s.Sp, SP_EL, st, srow, 0, id, mS);
       GDN_PH(6);
     }
   }
   cp_async_wait<0>();
-  seq_state_store((mode & 1) ? p.ht : nullptr, (n * p.HV + hv) * KV + v0, st, srow);
+  seq_state_store<W>((mode & 1) ? p.ht : nullptr, (n * p.HV + hv) * KV + v0, st, srow);
   if constexpr (F16) {  // range check of this block's fp16 operands over the whole sequence
     __shared__ unsigned bmax[3];
     __syncthreads();
@@ -688,10 +717,17 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, in
   extern __shared__ __align__(128) unsigned char smraw[];
   state_body(p, mode, blockIdx.x, seq_smem(smraw));
 }
-// The fast forward (F16 operands; mode 1 only).
+// The fast forward (F16 operands, 64-wide V slices; mode 1 only), in two register budgets: up to
+// 255 registers when the grid fits one block per SM (measured: 1x8192 at the 27B config 0.757 ms
+// forward vs 0.79 with 128), and 128 (a few bytes of spill) so that two blocks share an SM when
+// it does not (4x2048: 0.59 vs 0.64).
 __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state16_kernel(KParams p) {
   extern __shared__ __align__(128) unsigned char smraw[];
-  state_body<true>(p, 1, blockIdx.x, seq_smem<true>(smraw));
+  state_body<true, BV16>(p, 1, blockIdx.x, seq_smem<true, BV16>(smraw));
+}
+__global__ void __launch_bounds__(kSeqThreads, 1) gdn_state16_wide_kernel(KParams p) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  state_body<true, BV16>(p, 1, blockIdx.x, seq_smem<true, BV16>(smraw));
 }
 
 __global__ void __launch_bounds__(kSeqThreads, 2) gdn_dh_kernel(KParams p) {
