@@ -76,13 +76,17 @@ __device__ __forceinline__ uint32_t pack_h2(float x, float y) {
 __device__ __forceinline__ bool f16_range_ok(float m) {
   return m == 0.f || (m >= 0x1p-12f && m < 0x1p15f);
 }
-// Running largest magnitude of the values a thread converts, as bit patterns (non-negative
-// floats order like their bits, and NaN sorts above inf, so it fails the check too).
+// Running largest magnitude of the values a thread converts. max.NaN keeps a NaN (so it fails
+// the check too) and takes |x| as an operand modifier: one instruction per value. The warp
+// reduction compares bit patterns: non-negative floats order like their bits, and the canonical
+// NaN sorts above inf.
 struct AbsMax {
-  uint32_t m = 0;
-  __device__ __forceinline__ void add(float x) { m = max(m, __float_as_uint(fabsf(x))); }
+  float m = 0.f;
+  __device__ __forceinline__ void add(float x) {
+    asm("max.NaN.f32 %0, %0, %1;" : "+f"(m) : "f"(fabsf(x)));
+  }
   __device__ __forceinline__ float warp_max() const {
-    return __uint_as_float(__reduce_max_sync(0xffffffffu, m));
+    return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(m)));
   }
 };
 

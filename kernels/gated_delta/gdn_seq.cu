@@ -165,22 +165,28 @@ __device__ __forceinline__ void ld_vecs(const SeqSmem& s, int b, const KParams& 
   }
 }
 
+// Calls g(row, col, n, hh) for each of the lane's element pairs of a warp's m16 x (8*NT)
+// accumulator tile at (r0, c0): acc[n][2hh], acc[n][2hh+1] sit at (row, col), (row, col + 1).
+template <int NT, class G>
+__device__ __forceinline__ void for_pairs(int r0, int c0, G g) {
+  const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) g(r0 + gq + 8 * hh, c0 + n * 8 + 2 * tq, n, hh);
+}
+
 // Writes the split planes of a warp's m16 x (8*NT) fp32 accumulator tile at (r0, c0) of a
 // [rows][LDS] plane pair (hi at P, lo at P + plane). f(row, col, value) -> value to store.
 template <int NT, class F, int LDS = LDS>
 __device__ __forceinline__ void store_planes(__nv_bfloat16* P, int plane, const float (&acc)[NT][4],
                                              int r0, int c0, F f) {
-  const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-#pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = r0 + gq + 8 * hh, cc = c0 + n * 8 + 2 * tq;
-      uint32_t hi, lo;
-      split2(f(r, cc, acc[n][2 * hh]), f(r, cc + 1, acc[n][2 * hh + 1]), hi, lo);
-      *reinterpret_cast<uint32_t*>(P + r * LDS + cc) = hi;
-      *reinterpret_cast<uint32_t*>(P + plane + r * LDS + cc) = lo;
-    }
+  for_pairs<NT>(r0, c0, [&](int r, int cc, int n, int hh) {
+    uint32_t hi, lo;
+    split2(f(r, cc, acc[n][2 * hh]), f(r, cc + 1, acc[n][2 * hh + 1]), hi, lo);
+    *reinterpret_cast<uint32_t*>(P + r * LDS + cc) = hi;
+    *reinterpret_cast<uint32_t*>(P + plane + r * LDS + cc) = lo;
+  });
 }
 
 // store_planes for the operand format: F16 writes one fp16 plane (no lo plane) and adds the
@@ -189,17 +195,12 @@ template <bool F16, int NT, class F, int LDS = LDS>
 __device__ __forceinline__ void store_ops(__nv_bfloat16* P, int plane, const float (&acc)[NT][4], int r0,
                                           int c0, F f, AbsMax& m) {
   if constexpr (F16) {
-    const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = r0 + gq + 8 * hh, cc = c0 + n * 8 + 2 * tq;
-        const float x0 = f(r, cc, acc[n][2 * hh]), x1 = f(r, cc + 1, acc[n][2 * hh + 1]);
-        m.add(x0);
-        m.add(x1);
-        *reinterpret_cast<uint32_t*>(P + r * LDS + cc) = pack_h2(x0, x1);
-      }
+    for_pairs<NT>(r0, c0, [&](int r, int cc, int n, int hh) {
+      const float x0 = f(r, cc, acc[n][2 * hh]), x1 = f(r, cc + 1, acc[n][2 * hh + 1]);
+      m.add(x0);
+      m.add(x1);
+      *reinterpret_cast<uint32_t*>(P + r * LDS + cc) = pack_h2(x0, x1);
+    });
   } else {
     store_planes<NT, F, LDS>(P, plane, acc, r0, c0, f);
   }
