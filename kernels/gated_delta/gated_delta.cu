@@ -26,7 +26,7 @@ __global__ void gdn_state16_wide_kernel(KParams p);
 __global__ void gdn_dh_kernel(KParams p);
 __global__ void gdn_state_dh_kernel(KParams p, int64_t nstate);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
-size_t seq_smem_bytes(bool f16);
+size_t seq_smem_bytes(bool f16, bool stage_o = false);
 size_t prep_smem_bytes();
 size_t bwd_smem_bytes();
 __global__ void gdn_group_reduce_kernel(KParams p);
@@ -69,10 +69,11 @@ Layout layout(const GdnProblem& p) {
   }
   l.total_fwd = off;
   off = shared_end;
-  l.hs = take(NT * HV * KV * f);
-  l.dhs = take(NT * HV * KV * f);
-  l.Dl = take(T * HV * DV * f);
-  l.dDl = take(T * HV * DV * f);
+  const size_t planes = 2 * sizeof(uint16_t);  // hi/lo bf16 per value
+  l.hs = take(NT * HV * KV * planes);
+  l.dhs = take(NT * HV * KV * planes);
+  l.Dl = take(NT * HV * C * DV * planes);
+  l.dDl = take(NT * HV * C * DV * planes);
   l.dqh = take(T * HV * DK * f);
   l.dkh = take(T * HV * DK * f);
   l.part = take(NT * HV * 2 * f);
@@ -118,10 +119,10 @@ KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
     k.f16_bad = reinterpret_cast<int*>(w + l.bad);
   }
   if (bwd) {
-    k.hs = reinterpret_cast<float*>(w + l.hs);
-    k.dhs = reinterpret_cast<float*>(w + l.dhs);
-    k.Dl = reinterpret_cast<float*>(w + l.Dl);
-    k.dDl = reinterpret_cast<float*>(w + l.dDl);
+    k.hs = reinterpret_cast<__nv_bfloat16*>(w + l.hs);
+    k.dhs = reinterpret_cast<__nv_bfloat16*>(w + l.dhs);
+    k.Dl = reinterpret_cast<__nv_bfloat16*>(w + l.Dl);
+    k.dDl = reinterpret_cast<__nv_bfloat16*>(w + l.dDl);
     k.dqh = reinterpret_cast<float*>(w + l.dqh);
     k.dkh = reinterpret_cast<float*>(w + l.dkh);
     k.part = reinterpret_cast<float*>(w + l.part);
@@ -269,6 +270,7 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
   KParams k = make_params(p, ws, false);
   k.o = out.o; k.o_st = out.o_st; k.o_sh = out.o_sh;
   k.pair_o = out.o && reinterpret_cast<uintptr_t>(out.o) % 4 == 0 && out.o_st % 2 == 0 && out.o_sh % 2 == 0;
+  k.vec_o = aligned16(out.o, out.o_st, out.o_sh);
   k.ht = out.final_state;
   Prof pr(s);
   if (p.fast_forward && p.total_tokens > 0) {
@@ -282,8 +284,9 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
       const int64_t blocks = p.num_seqs * p.HV * NVS16;
       const bool wide = blocks <= sm_count();  // one block per SM: the 255-register build
       const auto kern = wide ? gdn_state16_wide_kernel : gdn_state16_kernel;
-      set_smem(kern, seq_smem_bytes(true), wide ? 7 : 4);
-      kern<<<grid1d(blocks, "state"), 256, seq_smem_bytes(true), s>>>(k);
+      const size_t smem = seq_smem_bytes(true, wide);  // the wide kernel stages o
+      set_smem(kern, smem, wide ? 7 : 4);
+      kern<<<grid1d(blocks, "state"), 256, smem, s>>>(k);
       check_launch("gdn_state16_kernel");
       pr.mark("state(fwd, fp16)");
     }
@@ -334,7 +337,10 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
   }
   if (p.num_chunks > 0) {
     set_smem(gdn_bwd_chunk_kernel, bwd_smem_bytes(), 3);
-    gdn_bwd_chunk_kernel<<<grid1d(p.num_chunks * p.HV, "bwd_chunk"), 512, bwd_smem_bytes(), s>>>(k);
+    // persistent: one block per SM (shared memory allows no second), items in launch order
+    const int64_t items = p.num_chunks * p.HV;
+    const int64_t blocks = items < sm_count() ? items : sm_count();
+    gdn_bwd_chunk_kernel<<<grid1d(blocks, "bwd_chunk"), 512, bwd_smem_bytes(), s>>>(k);
     check_launch("gdn_bwd_chunk_kernel");
     pr.mark("bwd_chunk");
   }

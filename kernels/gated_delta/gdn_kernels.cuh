@@ -35,8 +35,11 @@ struct KParams {
   int* f16_bad;              // f16 forward: [N*HV] 1 where a sequence's fp16 operands of value
                              // head hv were out of range; [N*HV] (one past) 1 if any was
   const int* run_if;         // fallback launches: only the (sequence, value head) pairs flagged here
-  float* hs; float* dhs;     // [NT,HV,K,V]
-  float* Dl; float* dDl;     // [T,HV,V]
+  // backward workspace, written by the state recompute and the dh pass, read by bwd_chunk: the
+  // bf16 hi/lo planes (the split its products use) of each 32-wide V slice, laid out
+  // [NT,HV,NVS,2,rows,BV] so that bwd_chunk copies them into shared memory with cp.async
+  __nv_bfloat16* hs; __nv_bfloat16* dhs;  // rows = K: S entering / dS leaving each chunk
+  __nv_bfloat16* Dl; __nv_bfloat16* dDl;  // rows = C: Delta, dDelta (rows >= L zero)
   float* dqh; float* dkh;    // [T,HV,K]
   float* part;               // [NT,HV,2]
   // forward outputs
@@ -55,10 +58,17 @@ struct KParams {
   // dv rows may be written as element pairs (4 or 8 bytes; pointer and strides allow it)
   int pair_dv;
   int pair_o;   // o rows may be written as bf16 pairs (4 bytes)
+  int vec_o;    // o rows may be written as 16-byte pieces (pointer and strides aligned)
 };
 
 __device__ __forceinline__ const __nv_bfloat16* bf16_at(const void* p, int64_t off) {
   return static_cast<const __nv_bfloat16*>(p) + off;
+}
+
+// Element offset of the plane pair of V slice vs of (chunk c, value head hv) in the backward's
+// hs/dhs (rows = DK) and Dl/dDl (rows = C) buffers.
+__host__ __device__ constexpr int64_t slice_planes(int64_t c, int HV, int hv, int vs, int rows) {
+  return ((c * HV + hv) * NVS + vs) * (int64_t)(2 * rows * BV);
 }
 
 constexpr int LDKB = DK + 8;  // row stride (bf16) of the raw q/k tiles of prep and bwd_chunk

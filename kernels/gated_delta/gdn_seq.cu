@@ -4,6 +4,8 @@
 //   gdn_state_kernel  forward over chunks: Delta = T (diag(beta) V - diag(beta e^gam) K S), O, S
 //                     update; optionally stores S at each chunk start and Delta (for the backward)
 //   gdn_dh_kernel     reverse over chunks: dS_C of each chunk (dhs), dDelta (dDl), d initial state
+// (the stored S, Delta, dS_C and dDelta are the hi/lo planes as bwd_chunk multiplies them, copied
+// out of shared memory: copy_planes_out)
 // The recurrent state (S or dS) lives in fp32 registers for the whole sequence; each chunk step
 // writes its bf16 hi/lo planes to shared memory as the next step's MMA operand. q, k, v and dO are
 // raw bf16 in shared memory (exact operands; l2norm scales and gates are applied outside the
@@ -32,6 +34,7 @@ struct SliceG {
 
 struct SeqSmem {
   __nv_bfloat16 *Kb, *Qb, *Tp, *Pp, *Xb, *Sp, *Yp, *Dp;
+  __nv_bfloat16* Ob;  // staging kernels only: [64][LD] the chunk's o tile (after the floats)
   float *gam, *bet, *rsK, *rsQ;  // [2][64] each (double-buffered by chunk parity)
   float* dec;                     // [64]
 };
@@ -58,16 +61,18 @@ __device__ __forceinline__ SeqSmem seq_smem(void* base) {
   s.rsK = f + 4 * C;
   s.rsQ = f + 6 * C;
   s.dec = f + 8 * C;
+  s.Ob = reinterpret_cast<__nv_bfloat16*>(f + 9 * C);  // [64][LDS], present when staged (seq_smem_bytes)
   return s;
 }
 
 }  // namespace
 
-// bytes of dynamic shared memory of both sequential kernels
-size_t seq_smem_bytes(bool f16) {
+// bytes of dynamic shared memory of the sequential kernels (stage_o: with the staged o tile)
+size_t seq_smem_bytes(bool f16, bool stage_o) {
   const size_t np = f16 ? 1 : 2;
   const size_t CP_EL = f16 ? SliceG<BV16>::CP : SliceG<BV>::CP, SP_EL = f16 ? SliceG<BV16>::SP : SliceG<BV>::SP;
-  return (2 * KQ_EL + 2 * np * TP_EL + CP_EL + np * SP_EL + 2 * np * CP_EL) * 2 + 9 * C * sizeof(float);
+  const size_t ob = stage_o ? CP_EL : 0;  // the staged o tile
+  return (2 * KQ_EL + 2 * np * TP_EL + CP_EL + np * SP_EL + 2 * np * CP_EL + ob) * 2 + 9 * C * sizeof(float);
 }
 
 // Piecewise chunk loads (cp.async where alignment allows, zero-filled rows >= L), so that each
@@ -78,8 +83,6 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_by
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                "r"(src_bytes));
 }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 struct ChunkGeo {
   int64_t c, t0;
@@ -203,6 +206,20 @@ __device__ __forceinline__ void store_ops(__nv_bfloat16* P, int plane, const flo
     });
   } else {
     store_planes<NT, F, LDS>(P, plane, acc, r0, c0, f);
+  }
+}
+
+// Copies the hi/lo plane pair of a [ROWS][LDS] shared operand (the 32-wide V slice the block
+// works on) to the backward's [2][ROWS][BV] workspace layout (slice_planes) with 16-byte stores:
+// the block's own planes are exactly what bwd_chunk multiplies, and whole-sector stores from
+// shared memory cost far less than per-lane fragment stores. Between barriers that keep P intact.
+template <int ROWS, int LDS>
+__device__ __forceinline__ void copy_planes_out(__nv_bfloat16* dst, const __nv_bfloat16* P, int plane) {
+  static_assert(BV == 32 && (2 * ROWS * BV / 8) % kSeqThreads == 0, "4 pieces of 16 bytes per row");
+#pragma unroll
+  for (int i = 0; i < 2 * ROWS * BV / 8 / kSeqThreads; ++i) {
+    const int v = threadIdx.x + i * kSeqThreads, pl = v / (4 * ROWS), r = (v >> 2) % ROWS, c8 = (v & 3) * 8;
+    *reinterpret_cast<uint4*>(dst + v * 8) = *reinterpret_cast<const uint4*>(P + pl * plane + r * LDS + c8);
   }
 }
 
@@ -357,7 +374,7 @@ __device__ __forceinline__ void seq_state_store(float* dst, int64_t off, const f
 // and the largest |x| of the S, Y and Delta operands is checked once at the end of the sequence.
 // W: the V slice width (BV16 for F16): warp w owns chunk tiles rows 16*(w&3) x cols (W/2)*(w>>2)
 // and state rows 16*w x all W columns.
-template <bool F16 = false, int W = BV>
+template <bool F16 = false, int W = BV, bool STAGE_O = false>
 __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t bid, const SeqSmem& s) {
   constexpr int LDS = SliceG<W>::LD, CP_EL = SliceG<W>::CP, SP_EL = SliceG<W>::SP, NVS = SliceG<W>::NS;
   constexpr int NTC = W / 16, NTS = W / 8;  // n8 tiles of a warp's chunk tile / state rows
@@ -371,6 +388,18 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
   const int v0 = vs * W;
   const bool want_o = (mode & 1) && p.o;
   const bool want_h = (mode & 2) != 0;
+  // STAGE_O: o goes through shared memory (s.Ob) and leaves as 16-byte row pieces one step
+  // later, after the next barrier. Measured (1x8192, fp16 kernel at one block per SM): forward
+  // 0.735 -> 0.721 ms; at two blocks per SM (4x2048) it cost 3 %, so only the wide kernel stages.
+  const bool stage_o = STAGE_O && want_o && p.vec_o;
+  const auto flush_o = [&](int64_t t0p, int Lp) {
+    __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.o) + (int64_t)hv * p.o_sh + v0;
+#pragma unroll
+    for (int i = 0; i < C * W / 8 / kSeqThreads; ++i) {
+      const int v = tid + i * kSeqThreads, r = v / (W / 8), c8 = (v % (W / 8)) * 8;
+      if (r < Lp) *reinterpret_cast<uint4*>(o + (t0p + r) * p.o_st + c8) = *reinterpret_cast<const uint4*>(s.Ob + r * LDS + c8);
+    }
+  };
   const int64_t KV = (int64_t)DK * DV;
   const int srow = 16 * warp;  // state rows of this warp
   GDN_PH_START
@@ -408,13 +437,19 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     const float* bet = s.bet + b * C;
     const float* rsK = s.rsK + b * C;
     const float* rsQ = s.rsQ + b * C;
-    __syncthreads();  // previous chunk fully done with Kb, Pp, Sp
+    __syncthreads();  // previous chunk fully done with Kb, Pp, Sp (and its o tile staged)
     GDN_PH(0);
+    if (stage_o && c > c_beg) {
+      const ChunkGeo gp = chunk_geo(c - 1, c_beg, bos, eos);
+      flush_o(gp.t0, gp.L);
+    }
     ld_k(g);
     cp_async_commit();
     if (want_o) ld_planes<F16>(s.Pp, p.Pp, p, hv, g);
     cp_async_commit();
-    if (want_h) seq_state_store<W>(p.hs, (c * p.HV + hv) * KV + v0, st, srow);  // S at the chunk start
+    if constexpr (W == BV) {  // S at the chunk start (its planes, written by the last P4 or the load)
+      if (want_h) copy_planes_out<DK, LDS>(p.hs + slice_planes(c, p.HV, hv, vs, DK), s.Sp, SP_EL);
+    }
     cp_async_wait<1>();  // all but P_c
     __syncthreads();
     GDN_PH(1);
@@ -499,21 +534,13 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       const auto fdec = [&](int r, int, float x) { return r < L ? s.dec[r] * x : 0.f; };
       store_ops<F16, NTC, decltype(mask), LDS>(s.Dp, CP_EL, aD, 16 * wr, cw, mask, mD);
       store_ops<F16, NTC, decltype(fdec), LDS>(s.Yp, CP_EL, aD, 16 * wr, cw, fdec, mD);
-      if (want_h) {
-#pragma unroll
-        for (int nn = 0; nn < NTC; ++nn)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            GDN_FRAG_RC(16 * wr, cw, nn, 2 * hh);
-            if (r < L)
-              *reinterpret_cast<float2*>(p.Dl + ((t0 + r) * p.HV + hv) * DV + v0 + j) =
-                  make_float2(aD[nn][2 * hh], aD[nn][2 * hh + 1]);
-          }
-      }
     }
     cp_async_wait<2>();  // P_c landed (the two prefetch groups may still be in flight)
     __syncthreads();
     GDN_PH(4);
+    if constexpr (W == BV) {  // Delta (rows >= L zero) for the backward: the next writer of Dp is
+      if (want_h) copy_planes_out<C, LDS>(p.Dl + slice_planes(c, p.HV, hv, vs, C), s.Dp, CP_EL);  // P2 of c+1
+    }
     if (want_o) {  // P3: O = s (e^gam rsQ O1 + P Delta)
       const int r0 = 16 * wr + gq;
       const float f0 = expf(gam[r0]) * rsQ[r0], f1 = expf(gam[r0 + 8]) * rsQ[r0 + 8];
@@ -528,6 +555,11 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           GDN_FRAG_RC(16 * wr, cw, nn, 2 * hh);
+          if (stage_o) {  // (bank-conflict free: LDS = W + 8)
+            *reinterpret_cast<__nv_bfloat162*>(s.Ob + r * LDS + j) =
+                __floats2bfloat162_rn(p.scale * aO[nn][2 * hh], p.scale * aO[nn][2 * hh + 1]);
+            continue;
+          }
           if (r >= L) continue;
           const int64_t off = (t0 + r) * p.o_st + (int64_t)hv * p.o_sh + v0 + j;
           const float x0 = p.scale * aO[nn][2 * hh], x1 = p.scale * aO[nn][2 * hh + 1];
@@ -554,6 +586,11 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     }
   }
   cp_async_wait<0>();
+  if (stage_o && c_beg < c_end) {  // the last chunk's o tile
+    __syncthreads();
+    const ChunkGeo gp = chunk_geo(c_end - 1, c_beg, bos, eos);
+    flush_o(gp.t0, gp.L);
+  }
   seq_state_store<W>((mode & 1) ? p.ht : nullptr, (n * p.HV + hv) * KV + v0, st, srow);
   if constexpr (F16) {  // range check of this block's fp16 operands over the whole sequence
     __shared__ unsigned bmax[3];
@@ -595,6 +632,7 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
   const int srow = 16 * warp;
   GDN_PH_START
 
+  const auto id = [](int, int, float x) { return x; };
   float st[4][4];
   AbsMax unused;  // (range checks are for fp16 operands only)
   seq_state_load(st, p.dht, (n * p.HV + hv) * KV + v0, srow, s, unused);
@@ -612,7 +650,6 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
   }
   for (int64_t c = c_end - 1; c >= c_beg; --c) {
     const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
-    const int64_t t0 = g.t0;
     const int L = g.L, b = (int)(c & 1);
     const float* gam = s.gam + b * C;
     const float* bet = s.bet + b * C;
@@ -624,7 +661,8 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
     cp_async_commit();
     ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g);
     cp_async_commit();
-    seq_state_store(p.dhs, (c * p.HV + hv) * KV + v0, st, srow);  // dS leaving the chunk
+    // dS leaving the chunk (its planes, written by the last step 3 or the load)
+    copy_planes_out<DK, LDS>(p.dhs + slice_planes(c, p.HV, hv, vs, DK), s.Sp, SP_EL);
     cp_async_wait<1>();  // all but Q_c
     __syncthreads();
     GDN_PH(9);
@@ -653,16 +691,7 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
           (void)j;
           a1[nn][e] = r < L ? s.dec[r] * a1[nn][e] + p.scale * a2[nn][e] : 0.f;
         }
-#pragma unroll
-      for (int nn = 0; nn < 2; ++nn)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          GDN_FRAG_RC(16 * wr, 16 * wc, nn, 2 * hh);
-          if (r < L)
-            *reinterpret_cast<float2*>(p.dDl + ((t0 + r) * p.HV + hv) * DV + v0 + j) =
-                make_float2(a1[nn][2 * hh], a1[nn][2 * hh + 1]);
-        }
-      store_planes(s.Dp, CP_EL, a1, 16 * wr, 16 * wc, [](int, int, float x) { return x; });
+      store_planes(s.Dp, CP_EL, a1, 16 * wr, 16 * wc, id);
       // dO' = s e^gam rsQ dO (this warp's own elements of the raw dO slice)
       const int r0 = 16 * wr + gq;
       const float f0 = p.scale * expf(gam[r0]) * rsQ[r0], f1 = p.scale * expf(gam[r0 + 8]) * rsQ[r0 + 8];
@@ -672,6 +701,8 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
     }
     __syncthreads();
     GDN_PH(11);
+    // dDelta for bwd_chunk (step 2 below reads the planes too; Z overwrites them after its barrier)
+    copy_planes_out<C, LDS>(p.dDl + slice_planes(c, p.HV, hv, vs, C), s.Dp, CP_EL);
     // Pp, Xb and the other vector buffer are free: prefetch chunk c-1
     if (c - 1 >= c_beg) {
       const ChunkGeo g1 = chunk_geo(c - 1, c_beg, bos, eos);
@@ -705,7 +736,7 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
         for (int e = 0; e < 4; ++e) st[nn][e] *= eg;
       mma_raw_split<C, DK, true, 4>(st, s.Qb, srow, s.Yp, CP_EL, 0);
       mma_raw_split<C, DK, true, 4>(st, s.Kb, srow, s.Dp, CP_EL, 0);
-      store_planes(s.Sp, SP_EL, st, srow, 0, [](int, int, float x) { return x; });
+      store_planes(s.Sp, SP_EL, st, srow, 0, id);
       GDN_PH(14);
     }
   }
@@ -726,9 +757,10 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state16_kernel(KParams p) 
   extern __shared__ __align__(128) unsigned char smraw[];
   state_body<true, BV16>(p, 1, blockIdx.x, seq_smem<true, BV16>(smraw));
 }
+// The wide kernel also stages o through shared memory (seq_smem_bytes(true, true)).
 __global__ void __launch_bounds__(kSeqThreads, 1) gdn_state16_wide_kernel(KParams p) {
   extern __shared__ __align__(128) unsigned char smraw[];
-  state_body<true, BV16>(p, 1, blockIdx.x, seq_smem<true, BV16>(smraw));
+  state_body<true, BV16, true>(p, 1, blockIdx.x, seq_smem<true, BV16>(smraw));
 }
 
 __global__ void __launch_bounds__(kSeqThreads, 2) gdn_dh_kernel(KParams p) {
