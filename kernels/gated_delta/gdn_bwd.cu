@@ -275,15 +275,17 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   });
   __syncthreads();  // union free now
   GDN_PH(5);
-  {  // KK = K K^T (raw operands, exact products; scales applied after)
+  // out = diag(rsX) X K^T diag(rsK) from the raw tiles (exact products; scales applied after)
+  const auto gram_k = [&](const __nv_bfloat16* Xb, const float* rsX, float* out) {
     float acc[2][4];
     zero_acc(acc);
-    mma_raw_rows<2, DK, LDKB>(acc, Kb, 16 * wr, Kb, 16 * wc);
+    mma_raw_rows<2, DK, LDKB>(acc, Xb, 16 * wr, Kb, 16 * wc);
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr; j += 16 * wc;
-      KKs[r * LDC + j] = x * rsK[r] * rsK[j];
+      out[r * LDC + j] = x * rsX[r] * rsK[j];
     });
-  }
+  };
+  gram_k(Kb, rsK, KKs);  // KK = K K^T
   // Pg = s (dO Delta^T) .* Gamma (lower incl. diagonal, valid rows): fp32 for the dgamma sums, and
   // bf16 planes of Pg diag(rsK) (A of Pg K) and diag(rsQ) Pg (A^T of Pg^T Q)
 #pragma unroll
@@ -322,15 +324,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       *reinterpret_cast<uint32_t*>(dWp + r * LDW + cc) = hi;
       *reinterpret_cast<uint32_t*>(dWp + C * LDW + r * LDW + cc) = lo;
     }
-  {  // QK = Q K^T (into Gs, free until the Ghat phase)
-    float acc[2][4];
-    zero_acc(acc);
-    mma_raw_rows<2, DK, LDKB>(acc, Qb, 16 * wr, Kb, 16 * wc);
-    for_frag(acc, [&](int r, int j, float& x) {
-      r += 16 * wr; j += 16 * wc;
-      Gs[r * LDC + j] = x * rsQ[r] * rsK[j];
-    });
-  }
+  gram_k(Qb, rsQ, Gs);  // QK = Q K^T (into Gs, free until the Ghat phase)
   // dgamma, direct part, formed without catastrophic cancellation:
   //   q_r . dq_state_r  +  sum_{j<r} E_rj - sum_{i>r} E_ir  (E = Pg .* QK, the diagonal cancels
   //   exactly and is left out)  - k_r . dk_state_r (r < last)  + last row: e^{gl}<S0,dSC> +
