@@ -34,7 +34,8 @@ struct SliceG {
 
 struct SeqSmem {
   __nv_bfloat16 *Kb, *Qb, *Tp, *Pp, *Xb, *Sp, *Yp, *Dp;
-  __nv_bfloat16* Ob;  // staging kernels only: [64][LD] the chunk's o tile (after the floats)
+  __nv_bfloat16* Kb2;  // F16 only: the second k tile (k double-buffered by chunk parity)
+  __nv_bfloat16* Ob;   // staging kernels only: [64][LD] the chunk's o tile (after Kb2)
   float *gam, *bet, *rsK, *rsQ;  // [2][64] each (double-buffered by chunk parity)
   float* dec;                     // [64]
 };
@@ -61,7 +62,8 @@ __device__ __forceinline__ SeqSmem seq_smem(void* base) {
   s.rsK = f + 4 * C;
   s.rsQ = f + 6 * C;
   s.dec = f + 8 * C;
-  s.Ob = reinterpret_cast<__nv_bfloat16*>(f + 9 * C);  // [64][LDS], present when staged (seq_smem_bytes)
+  s.Kb2 = reinterpret_cast<__nv_bfloat16*>(f + 9 * C);       // F16: [64][128] swizzled (128-byte aligned)
+  s.Ob = F16 ? s.Kb2 + KQ_EL : s.Kb2;  // [64][LDS], present when staged (seq_smem_bytes)
   return s;
 }
 
@@ -72,7 +74,8 @@ size_t seq_smem_bytes(bool f16, bool stage_o) {
   const size_t np = f16 ? 1 : 2;
   const size_t CP_EL = f16 ? SliceG<BV16>::CP : SliceG<BV>::CP, SP_EL = f16 ? SliceG<BV16>::SP : SliceG<BV>::SP;
   const size_t ob = stage_o ? CP_EL : 0;  // the staged o tile
-  return (2 * KQ_EL + 2 * np * TP_EL + CP_EL + np * SP_EL + 2 * np * CP_EL + ob) * 2 + 9 * C * sizeof(float);
+  const size_t kb2 = f16 ? KQ_EL : 0;     // the second k tile
+  return (2 * KQ_EL + 2 * np * TP_EL + CP_EL + np * SP_EL + 2 * np * CP_EL + kb2 + ob) * 2 + 9 * C * sizeof(float);
 }
 
 // Piecewise chunk loads (cp.async where alignment allows, zero-filled rows >= L), so that each
@@ -413,15 +416,24 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     if constexpr (F16) ld_qk(s.Qb, p.qh, (int64_t)p.H * DK, DK, 1, h, g);
     else ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g);
   };
-  const auto ld_k = [&](const ChunkGeo& g) {
-    if constexpr (F16) ld_qk(s.Kb, p.kh, (int64_t)p.H * DK, DK, 1, h, g);
-    else ld_qk(s.Kb, p.k, p.k_st, p.k_sh, p.vec_k, h, g);
+  const auto ld_k = [&](__nv_bfloat16* dst, const ChunkGeo& g) {
+    if constexpr (F16) ld_qk(dst, p.kh, (int64_t)p.H * DK, DK, 1, h, g);
+    else ld_qk(dst, p.k, p.k_st, p.k_sh, p.vec_k, h, g);
   };
+  // F16: k of chunk c+1 is loaded at the top of step c into the other tile (Kb / Kb2 by chunk
+  // parity), so the step never waits for its k (ncu, v18 wide kernel: that wait was 6 % of the
+  // step's stall samples at one block per SM). bf16x2: one tile, loaded at the top of its step.
+  constexpr bool KDB = F16;
+  const auto kt = [&](int64_t c) { return (KDB && (c & 1)) ? s.Kb2 : s.Kb; };
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  if (c_beg < c_end) {  // prologue: q, x, vectors, T of the first chunk
+  if (c_beg < c_end) {  // prologue: (F16: k,) q, x, vectors, T of the first chunk
     const ChunkGeo g = chunk_geo(c_beg, c_beg, bos, eos);
+    if constexpr (KDB) {
+      ld_k(kt(c_beg), g);
+      cp_async_commit();
+    }
     if (want_o) ld_q(g);
     ld_x<W>(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g);
     ld_vecs(s, (int)(c_beg & 1), p, h, hv, g);
@@ -443,21 +455,31 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       const ChunkGeo gp = chunk_geo(c - 1, c_beg, bos, eos);
       flush_o(gp.t0, gp.L);
     }
-    ld_k(g);
+    if constexpr (KDB) {
+      if (c + 1 < c_end) ld_k(kt(c + 1), chunk_geo(c + 1, c_beg, bos, eos));  // its tile's last reader was P4 of c-1
+    } else {
+      ld_k(s.Kb, g);
+    }
     cp_async_commit();
     if (want_o) ld_planes<F16>(s.Pp, p.Pp, p, hv, g);
     cp_async_commit();
     if constexpr (W == BV) {  // S at the chunk start (its planes, written by the last P4 or the load)
       if (want_h) copy_planes_out<DK, LDS>(p.hs + slice_planes(c, p.HV, hv, vs, DK), s.Sp, SP_EL);
     }
-    cp_async_wait<1>();  // all but P_c
+    cp_async_wait<KDB ? 2 : 1>();  // all but P_c (F16: and k of c+1)
     __syncthreads();
     GDN_PH(1);
-    if (c + 1 < c_end) {  // L2 prefetch of what the next step loads first: its k tile and P planes
+    if (c + 1 < c_end) {  // L2 prefetch of what the next step loads first: its k tile (F16: the
+                          // one after) and P planes
       const ChunkGeo g1 = chunk_geo(c + 1, c_beg, bos, eos);
       if (tid < 128) {
         const int r = tid >> 1;
-        if (r < g1.L) {
+        if constexpr (KDB) {
+          if (c + 2 < c_end) {
+            const ChunkGeo g2 = chunk_geo(c + 2, c_beg, bos, eos);
+            if (r < g2.L) prefetch_l2(static_cast<const __half*>(p.kh) + ((g2.t0 + r) * p.H + h) * DK + (tid & 1) * 64);
+          }
+        } else if (r < g1.L) {
           if constexpr (F16) prefetch_l2(static_cast<const __half*>(p.kh) + ((g1.t0 + r) * p.H + h) * DK + (tid & 1) * 64);
           else prefetch_l2(bf16_at(p.k, (g1.t0 + r) * p.k_st + (int64_t)h * p.k_sh + (tid & 1) * 64));
         }
@@ -476,7 +498,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
 #pragma unroll
       for (int k0 = 0; k0 < DK; k0 += 16) {
         uint32_t ak[4], aq[4], bh[4], bl[4];
-        ldsm_x4(ak, s.Kb + a_off_sw<DK>(16 * wr, k0, lane));
+        ldsm_x4(ak, kt(c) + a_off_sw<DK>(16 * wr, k0, lane));
         if (want_o) ldsm_x4(aq, s.Qb + a_off_sw<DK>(16 * wr, k0, lane));
         if constexpr (F16) {
 #pragma unroll
@@ -535,7 +557,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       store_ops<F16, NTC, decltype(mask), LDS>(s.Dp, CP_EL, aD, 16 * wr, cw, mask, mD);
       store_ops<F16, NTC, decltype(fdec), LDS>(s.Yp, CP_EL, aD, 16 * wr, cw, fdec, mD);
     }
-    cp_async_wait<2>();  // P_c landed (the two prefetch groups may still be in flight)
+    cp_async_wait<2>();  // P_c (F16: and k of c+1) landed (the two prefetch groups may still be in flight)
     __syncthreads();
     GDN_PH(4);
     if constexpr (W == BV) {  // Delta (rows >= L zero) for the backward: the next writer of Dp is
@@ -578,7 +600,7 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       for (int nn = 0; nn < NTS; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[nn][e] *= eg;
-      mma_raw_split<C, DK, true, NTS, F16, LDS>(st, s.Kb, srow, s.Yp, CP_EL, 0);
+      mma_raw_split<C, DK, true, NTS, F16, LDS>(st, kt(c), srow, s.Yp, CP_EL, 0);
       // P1 of this chunk was the last reader of the old planes (two barriers ago)
       const auto id = [](int, int, float x) { return x; };
       store_ops<F16, NTS, decltype(id), LDS>(s.Sp, SP_EL, st, srow, 0, id, mS);
