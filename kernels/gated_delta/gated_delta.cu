@@ -20,6 +20,7 @@ namespace detail {
 __global__ void gdn_l2norm_rstd_kernel(KParams p);
 __global__ void gdn_prep_kernel(KParams p);
 __global__ void gdn_prep16_kernel(KParams p);
+__global__ void gdn_prep_fallback_kernel(KParams p);
 __global__ void gdn_state_kernel(KParams p, int mode);
 __global__ void gdn_state16_kernel(KParams p);
 __global__ void gdn_state16_wide_kernel(KParams p);
@@ -199,10 +200,12 @@ void launch_common_fwd(const KParams& k, const GdnProblem& p, cudaStream_t s, Pr
     pr.mark("l2norm_rstd");
   }
   if (p.num_chunks > 0) {
-    const auto kern = f16 ? gdn_prep16_kernel : gdn_prep_kernel;
-    set_smem(kern, prep_smem_bytes(), f16 ? 5 : 0);
-    kern<<<grid1d(p.num_chunks * p.HV, "prep"), 256, prep_smem_bytes(), s>>>(k);
-    check_launch(f16 ? "gdn_prep16_kernel" : "gdn_prep_kernel");
+    const auto kern = f16 ? gdn_prep16_kernel : k.run_if ? gdn_prep_fallback_kernel : gdn_prep_kernel;
+    set_smem(kern, prep_smem_bytes(), f16 ? 5 : k.run_if ? 6 : 0);
+    // the fallback launch (k.run_if) walks the items on a small grid (gdn_prep_fallback_kernel)
+    const int64_t items = p.num_chunks * p.HV, fb = 3 * (int64_t)sm_count();
+    kern<<<grid1d(k.run_if && items > fb ? fb : items, "prep"), 256, prep_smem_bytes(), s>>>(k);
+    check_launch(f16 ? "gdn_prep16_kernel" : k.run_if ? "gdn_prep_fallback_kernel" : "gdn_prep_kernel");
     pr.mark(f16 ? "prep(fp16)" : k.run_if ? "prep fallback" : "prep");
   }
 }

@@ -392,6 +392,9 @@ int main() {
       c.v_scale = 0x1p-16f; c.want_fallback = true; add(c); }
     { Case c; c.name = "fwd_fallback_one_seq"; c.lens = {200, 130, 64, 1000}; c.H = 1; c.HV = 3; c.l2 = true;
       c.gate_fused = c.beta_sigmoid = true; c.tiny_seq = 1; c.want_fallback = true; add(c); }
+    // more flagged items than the fallback prep's grid (3 blocks per SM): its blocks walk several
+    { Case c; c.name = "fwd_fallback_many_items"; c.lens = {14000, 3000}; c.H = 1; c.HV = 2; c.l2 = true;
+      c.v_scale = 0x1p17f; c.want_fallback = true; add(c); }
     { Case c; c.name = "fwd_fp16_small_v"; c.lens = {200, 65}; c.H = 1; c.HV = 2; c.l2 = true; c.v_scale = 0x1p-5f; add(c); }
     { Case c; c.name = "fwd_bf16x2_mixed_fused"; c.lens = {63, 64, 65, 1, 2, 3, 130, 1000};
       c.H = 2; c.HV = 4; c.l2 = c.gate_fused = c.beta_sigmoid = c.h0 = c.dht = true; c.bf16x2_fwd = true; add(c); }
