@@ -80,10 +80,10 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // normalised q/k values (raw x l2norm scale) for the row dots of the dgamma sums
   auto Kn = [&](int r, int cc) { return __bfloat162float(Kb[r * LDKB + cc]) * rsK[r]; };
   auto Qn = [&](int r, int cc) { return __bfloat162float(Qb[r * LDKB + cc]) * rsQ[r]; };
-  if (tid < C) {
+  if (tid < C) {  // (cp.async: complete with slice 0, before the V loop's first barrier)
     const int r = tid < L ? tid : L - 1;
-    gam[tid] = p.gam[(t0 + r) * p.HV + hv];
-    bet[tid] = tid < L ? p.bet[(t0 + r) * p.HV + hv] : 0.f;
+    cp_async4(gam + tid, p.gam + (t0 + r) * p.HV + hv, 4);
+    cp_async4(bet + tid, p.bet + (t0 + r) * p.HV + hv, tid < L ? 4 : 0);
     dbp[tid] = 0.f;
     dbp[C + tid] = 0.f;
     dbp[2 * C + tid] = 0.f;

@@ -74,9 +74,9 @@ __host__ __device__ constexpr int64_t slice_planes(int64_t c, int HV, int hv, in
 constexpr int LDKB = DK + 8;  // row stride (bf16) of the raw q/k tiles of prep and bwd_chunk
 
 // Raw bf16 q and k rows of the chunk at token t0 (key head h) into [C][LDKB] tiles, rows >= L
-// zero (cp.async, committed as one group, when both are 16-byte aligned; plain stores otherwise:
-// either way complete after cp_async_wait_all() + __syncthreads()), and their l2norm row scales
-// (1 without the norm, 0 beyond L). Called by all NT threads of the block.
+// zero (cp.async when both are 16-byte aligned, plain stores otherwise), and their l2norm row
+// scales (cp.async; 1 without the norm, 0 beyond L). One committed cp.async group: complete after
+// cp_async_wait_all() (or a wait that covers it) + __syncthreads(). Called by all NT threads.
 template <int NT>
 __device__ __forceinline__ void load_qk_tiles(const KParams& p, __nv_bfloat16* Kb, __nv_bfloat16* Qb,
                                               float* rsK, float* rsQ, int64_t t0, int h, int L) {
@@ -90,7 +90,6 @@ __device__ __forceinline__ void load_qk_tiles(const KParams& p, __nv_bfloat16* K
       cp_async16(Kb + r * LDKB + c8, kbase + rr * p.k_st + c8, r < L ? 16 : 0);
       cp_async16(Qb + r * LDKB + c8, qbase + rr * p.q_st + c8, r < L ? 16 : 0);
     }
-    cp_async_commit();
   } else {
     const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
     for (int i = tid; i < C * DK; i += NT) {
@@ -99,11 +98,18 @@ __device__ __forceinline__ void load_qk_tiles(const KParams& p, __nv_bfloat16* K
       Qb[r * LDKB + cc] = r < L ? qbase[r * p.q_st + cc] : z;
     }
   }
-  if (tid < C) {
+  if (tid < C) {  // (asynchronous: a plain load here stalled these warps' part of the loads after it)
     const bool ok = tid < L;
-    rsK[tid] = ok ? (p.l2norm ? p.rk[(t0 + tid) * p.H + h] : 1.f) : 0.f;
-    rsQ[tid] = ok ? (p.l2norm ? p.rq[(t0 + tid) * p.H + h] : 1.f) : 0.f;
+    if (p.l2norm) {
+      const int64_t i = (t0 + (ok ? tid : 0)) * p.H + h;
+      cp_async4(rsK + tid, p.rk + i, ok ? 4 : 0);
+      cp_async4(rsQ + tid, p.rq + i, ok ? 4 : 0);
+    } else {
+      rsK[tid] = ok ? 1.f : 0.f;
+      rsQ[tid] = ok ? 1.f : 0.f;
+    }
   }
+  cp_async_commit();
 }
 
 }  // namespace qrun::gdn::detail

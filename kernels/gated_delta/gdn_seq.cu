@@ -82,10 +82,6 @@ size_t seq_smem_bytes(bool f16, bool stage_o) {
 // shared buffer is refilled for the next chunk as soon as its last reader is done. Completion:
 // cp_async_wait<N>() + __syncthreads() by the caller; the scalar fallbacks are plain stores made
 // visible by the same barrier.
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(src_bytes));
-}
 
 struct ChunkGeo {
   int64_t c, t0;
