@@ -78,11 +78,6 @@ size_t seq_smem_bytes(bool f16, bool stage_o) {
   return (2 * KQ_EL + 2 * np * TP_EL + CP_EL + np * SP_EL + 2 * np * CP_EL + kb2 + ob) * 2 + 9 * C * sizeof(float);
 }
 
-// Piecewise chunk loads (cp.async where alignment allows, zero-filled rows >= L), so that each
-// shared buffer is refilled for the next chunk as soon as its last reader is done. Completion:
-// cp_async_wait<N>() + __syncthreads() by the caller; the scalar fallbacks are plain stores made
-// visible by the same barrier.
-
 struct ChunkGeo {
   int64_t c, t0;
   int L;
@@ -94,6 +89,11 @@ __device__ __forceinline__ ChunkGeo chunk_geo(int64_t c, int64_t c_beg, int64_t 
   g.L = (int)((eos - g.t0) < C ? (eos - g.t0) : C);
   return g;
 }
+
+// Piecewise chunk loads (cp.async where alignment allows, zero-filled rows >= L), so that each
+// shared buffer is refilled for the next chunk as soon as its last reader is done. Completion:
+// cp_async_wait<N>() + __syncthreads() by the caller; the scalar fallbacks are plain stores made
+// visible by the same barrier.
 
 // T or P planes of chunk g (workspace, always 16-byte aligned): 2 x [64][64] = 1024 x 16 B
 // (F16: one plane)
