@@ -6,12 +6,20 @@ set -euo pipefail
 qrun=$1 src=$2 work=$3 py=$4
 rm -rf "$work" && mkdir -p "$work"
 cd "$src"
+# The whole log goes to a file; on failure the exit status and the log's end are printed (a bare
+# pipe into tail made a failing run end this script silently under pipefail).
+rc=0
 "$qrun" recipes/demo.yaml --set run.dir="$work/run" --set train.max_steps=10 \
-  --set checkpoint.every_steps=0 2>&1 | tail -n 5
+  --set checkpoint.every_steps=0 > "$work/train.log" 2>&1 || rc=$?
+if [ "$rc" -ne 0 ]; then
+  echo "qrun exited with status $rc; the end of its log:"; tail -n 40 "$work/train.log"; exit 1
+fi
+tail -n 5 "$work/train.log"
 # First and last steps that had loss tokens.
-losses=$(grep -o '"loss": [0-9.]*' "$work/run/metrics.jsonl" | cut -d' ' -f2)
-first=$(echo "$losses" | head -n 1)
-last=$(echo "$losses" | tail -n 1)
+losses=$(grep -o '"loss": [0-9.]*' "$work/run/metrics.jsonl" | cut -d' ' -f2) || {
+  echo "no step losses in $work/run/metrics.jsonl:"; cat "$work/run/metrics.jsonl"; exit 1; }
+first=$(sed -n 1p <<< "$losses")
+last=$(sed -n '$p' <<< "$losses")
 echo "loss: first step $first, last step $last"
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }' || { echo "the loss did not fall"; exit 1; }
 "$py" "$src/tests/e2e/generate_hf.py" "$work/run/checkpoints/step-00000010/model" "$src/data/tokenizers/qwen3"
