@@ -24,6 +24,9 @@ __global__ void gdn_prep_fallback_kernel(KParams p);
 __global__ void gdn_state_kernel(KParams p, int mode);
 __global__ void gdn_state16_kernel(KParams p);
 __global__ void gdn_state16_wide_kernel(KParams p);
+__global__ void gdn_state16t_kernel(KParams p);
+size_t seq_t_smem_bytes();
+int seq_t_slices();
 __global__ void gdn_dh_kernel(KParams p);
 __global__ void gdn_state_dh_kernel(KParams p, int64_t nstate);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
@@ -47,7 +50,7 @@ void check_cuda(cudaError_t e, const char* what) {
 size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
 
 struct Layout {
-  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, bad, hs, dhs, Dl, dDl, dqh, dkh, part, total_fwd, total_bwd;
+  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, dqh, dkh, part, total_fwd, total_bwd;
 };
 
 Layout layout(const GdnProblem& p) {
@@ -66,6 +69,9 @@ Layout layout(const GdnProblem& p) {
   if (p.fast_forward) {  // forward only: the backward's buffers below start at the same offset
     l.kh = take(T * H * DK * sizeof(uint16_t));
     l.qh = take(T * H * DK * sizeof(uint16_t));
+    l.fx = take(T * HV * f);
+    l.fq = take(T * HV * f);
+    l.dec = take(T * HV * f);
     l.bad = take(((size_t)p.num_seqs * HV + 1) * sizeof(int32_t));
   }
   l.total_fwd = off;
@@ -117,6 +123,9 @@ KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
   if (p.fast_forward && !bwd) {
     k.kh = w + l.kh;
     k.qh = w + l.qh;
+    k.fx = reinterpret_cast<float*>(w + l.fx);
+    k.fq = reinterpret_cast<float*>(w + l.fq);
+    k.dec = reinterpret_cast<float*>(w + l.dec);
     k.f16_bad = reinterpret_cast<int*>(w + l.bad);
   }
   if (bwd) {
@@ -136,7 +145,7 @@ void check_launch(const char* name) { check_cuda(cudaGetLastError(), name); }
 // Raises a kernel's dynamic shared-memory limit once per (kernel, device).
 template <class K>
 void set_smem(K kernel, size_t bytes, int slot) {
-  static std::atomic<uint64_t> done[8][64];  // [slot: one per kernel][device]
+  static std::atomic<uint64_t> done[16][64];  // [slot: one per kernel][device]
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   auto& flag = done[slot][dev & 63];
@@ -241,6 +250,7 @@ void gdn_check_problem(const GdnProblem& p) {
   if (p.K != 128 || p.V != 128)
     fail("only K = V = 128 is supported (got K = " + std::to_string(p.K) + ", V = " + std::to_string(p.V) + ")");
   if (p.H <= 0 || p.HV <= 0 || p.HV % p.H != 0) fail("HV must be a positive multiple of H");
+  if ((int64_t)p.HV * DV * C > 0x7fffffffLL) fail("too many value heads (HV * 128 * 64 must fit int32)");
   if (p.total_tokens < 0 || p.num_seqs < 0 || p.num_chunks < 0) fail("negative sizes");
   if (p.total_tokens > 0x7fffffffLL) fail("total_tokens must fit int32 (cu_seqlens is int32)");
   if (p.num_seqs > 0 && (!p.cu_seqlens || !p.chunk_offsets)) fail("cu_seqlens and chunk_offsets are required");
@@ -287,13 +297,10 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
     check_cuda(cudaMemsetAsync(k.f16_bad, 0, ((size_t)p.num_seqs * p.HV + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
     launch_common_fwd(k, p, s, pr, true);
     if (p.num_seqs > 0) {
-      const int64_t blocks = p.num_seqs * p.HV * NVS16;
-      const bool wide = blocks <= sm_count();  // one block per SM: the 255-register build
-      const auto kern = wide ? gdn_state16_wide_kernel : gdn_state16_kernel;
-      const size_t smem = seq_smem_bytes(true, wide);  // the wide kernel stages o
-      set_smem(kern, smem, wide ? 7 : 4);
-      kern<<<grid1d(blocks, "state"), 256, smem, s>>>(k);
-      check_launch("gdn_state16_kernel");
+      const int64_t blocks = p.num_seqs * p.HV * seq_t_slices();
+      set_smem(gdn_state16t_kernel, seq_t_smem_bytes(), 8);
+      gdn_state16t_kernel<<<grid1d(blocks, "state"), 128, seq_t_smem_bytes(), s>>>(k);
+      check_launch("gdn_state16t_kernel");
       pr.mark("state(fwd, fp16)");
     }
     k.run_if = k.f16_bad;

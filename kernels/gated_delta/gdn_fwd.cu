@@ -155,6 +155,12 @@ __device__ __forceinline__ void prep_body(const KParams& p, float* sm, int64_t b
     const int64_t i = (t0 + tid) * p.HV + hv;
     p.gam[i] = gam[tid];
     p.bet[i] = bet[tid];
+    if constexpr (F16) {  // the row factors of the register-state kernel (gdn_seq_t.cu)
+      const float eg = expf(gam[tid]);
+      p.fx[i] = bet[tid] * eg * rsK[tid];
+      p.fq[i] = eg * rsQ[tid];
+      p.dec[i] = expf(gam[L - 1] - gam[tid]) * rsK[tid];
+    }
   }
   const int wr = warp & 3, wc = warp >> 2;
   {  // A = strictly-lower beta_r (k_r.k_j) Gamma_rj

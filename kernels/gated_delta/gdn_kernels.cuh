@@ -32,6 +32,8 @@ struct KParams {
   __nv_bfloat16* Tp; __nv_bfloat16* Pp;  // [NT,HV,2,64,64] bf16 hi/lo planes of T and P
                                          // (f16 forward: [NT,HV,64,64], one fp16 plane)
   void* kh; void* qh;        // f16 forward: [T,H,K] raw fp16 copies of k, q
+  float* fx; float* fq; float* dec;  // f16 forward: [T,HV] row factors of the register-state kernel
+                             // (beta e^gam rsK, e^gam rsQ, e^{gam_L - gam} rsK; written by prep16)
   int* f16_bad;              // f16 forward: [N*HV] 1 where a sequence's fp16 operands of value
                              // head hv were out of range; [N*HV] (one past) 1 if any was
   const int* run_if;         // fallback launches: only the (sequence, value head) pairs flagged here
