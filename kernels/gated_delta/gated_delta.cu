@@ -22,15 +22,12 @@ __global__ void gdn_prep_kernel(KParams p);
 __global__ void gdn_prep16_kernel(KParams p);
 __global__ void gdn_prep_fallback_kernel(KParams p);
 __global__ void gdn_state_kernel(KParams p, int mode);
-__global__ void gdn_state16_kernel(KParams p);
-__global__ void gdn_state16_wide_kernel(KParams p);
 __global__ void gdn_state16t_kernel(KParams p);
 size_t seq_t_smem_bytes();
 int seq_t_slices();
-__global__ void gdn_dh_kernel(KParams p);
 __global__ void gdn_state_dh_kernel(KParams p, int64_t nstate);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
-size_t seq_smem_bytes(bool f16, bool stage_o = false);
+size_t seq_smem_bytes();
 size_t prep_smem_bytes();
 size_t bwd_smem_bytes();
 __global__ void gdn_group_reduce_kernel(KParams p);
@@ -145,7 +142,7 @@ void check_launch(const char* name) { check_cuda(cudaGetLastError(), name); }
 // Raises a kernel's dynamic shared-memory limit once per (kernel, device).
 template <class K>
 void set_smem(K kernel, size_t bytes, int slot) {
-  static std::atomic<uint64_t> done[16][64];  // [slot: one per kernel][device]
+  static std::atomic<uint64_t> done[8][64];  // [slot: one per kernel][device]
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   auto& flag = done[slot][dev & 63];
@@ -298,7 +295,7 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
     launch_common_fwd(k, p, s, pr, true);
     if (p.num_seqs > 0) {
       const int64_t blocks = p.num_seqs * p.HV * seq_t_slices();
-      set_smem(gdn_state16t_kernel, seq_t_smem_bytes(), 8);
+      set_smem(gdn_state16t_kernel, seq_t_smem_bytes(), 4);
       gdn_state16t_kernel<<<grid1d(blocks, "state"), 128, seq_t_smem_bytes(), s>>>(k);
       check_launch("gdn_state16t_kernel");
       pr.mark("state(fwd, fp16)");
@@ -307,8 +304,8 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
   }
   launch_common_fwd(k, p, s, pr, false);
   if (p.num_seqs > 0) {
-    set_smem(gdn_state_kernel, seq_smem_bytes(false), 1);
-    gdn_state_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, seq_smem_bytes(false), s>>>(k, 1);
+    set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
+    gdn_state_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, seq_smem_bytes(), s>>>(k, 1);
     check_launch("gdn_state_kernel");
     pr.mark(k.run_if ? "fallback (not taken: returns)" : "state(fwd)");
   }
@@ -343,8 +340,8 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
   launch_common_fwd(k, p, s, pr, false);
   if (p.num_seqs > 0) {
     const int64_t nseq = p.num_seqs * p.HV * NVS;
-    set_smem(gdn_state_dh_kernel, seq_smem_bytes(false), 2);
-    gdn_state_dh_kernel<<<grid1d(2 * nseq, "state+dh"), 256, seq_smem_bytes(false), s>>>(k, nseq);
+    set_smem(gdn_state_dh_kernel, seq_smem_bytes(), 2);
+    gdn_state_dh_kernel<<<grid1d(2 * nseq, "state+dh"), 256, seq_smem_bytes(), s>>>(k, nseq);
     check_launch("gdn_state_dh_kernel");
     pr.mark("state(recompute h) + dh");
   }

@@ -1,5 +1,5 @@
 // Backward kernels of the chunked gated delta rule:
-//   (the reverse sequential gdn_dh_kernel is in gdn_seq.cu)
+//   (the reverse sequential pass, dh_body of gdn_state_dh_kernel, is in gdn_seq.cu)
 //   gdn_bwd_chunk_kernel  persistent, one (chunk, value head) item at a time: dq/dk per value
 //                         head (fp32 scratch), dv, dbeta, dgamma -> dg (chunk-local reverse
 //                         cumsum), fused gate/beta grads.

@@ -55,12 +55,6 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], u
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// One MMA of the operand format: fp16 (F16) or bf16.
-template <bool F16>
-__device__ __forceinline__ void mma16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (F16) mma_f16(c, a, b0, b1);
-  else mma_bf16(c, a, b0, b1);
-}
 
 // Packs (x, y) as one fp16x2 word (x in the low half).
 __device__ __forceinline__ uint32_t pack_h2(float x, float y) {

@@ -1,11 +1,14 @@
-// The two sequential (per sequence, value head and 32-wide V slice) kernels of the chunked gated
+// The two sequential (per sequence, value head and 32-wide V slice) passes of the chunked gated
 // delta rule, on bf16 tensor cores (mma.m16n8k16 + ldmatrix, "bf16x2" split of fp32 operands, see
 // gdn_mma16.cuh):
-//   gdn_state_kernel  forward over chunks: Delta = T (diag(beta) V - diag(beta e^gam) K S), O, S
-//                     update; optionally stores S at each chunk start and Delta (for the backward)
-//   gdn_dh_kernel     reverse over chunks: dS_C of each chunk (dhs), dDelta (dDl), d initial state
+//   state_body  forward over chunks: Delta = T (diag(beta) V - diag(beta e^gam) K S), O, S
+//               update; optionally stores S at each chunk start and Delta (for the backward)
+//   dh_body     reverse over chunks: dS_C of each chunk (dhs), dDelta (dDl), d initial state
 // (the stored S, Delta, dS_C and dDelta are the hi/lo planes as bwd_chunk multiplies them, copied
 // out of shared memory: copy_planes_out)
+// Kernels: gdn_state_kernel (the forward; also the fast forward's fallback) and gdn_state_dh_kernel
+// (the backward's h recompute and reverse pass in one launch). The fast forward's fp16 state
+// kernel, with the state in registers as MMA operands, is in gdn_seq_t.cu.
 // The recurrent state (S or dS) lives in fp32 registers for the whole sequence; each chunk step
 // writes its bf16 hi/lo planes to shared memory as the next step's MMA operand. q, k, v and dO are
 // raw bf16 in shared memory (exact operands; l2norm scales and gates are applied outside the
@@ -26,56 +29,38 @@ constexpr int KQ_EL = C * DK;      // one swizzled [64][128] bf16 tile
 constexpr int TP_EL = C * C;       // one swizzled [64][64] bf16 plane
 constexpr int SP_EL = DK * LDS;    // one [128][LDS] plane
 constexpr int CP_EL = C * LDS;     // one [64][LDS] plane
-// The same for a V slice of width W (the bf16x2 kernels: W = BV; the fp16 state kernel: BV16).
-template <int W>
-struct SliceG {
-  static constexpr int LD = W + 8, SP = DK * LD, CP = C * LD, NS = DV / W;
-};
 
 struct SeqSmem {
   __nv_bfloat16 *Kb, *Qb, *Tp, *Pp, *Xb, *Sp, *Yp, *Dp;
-  __nv_bfloat16* Kb2;  // F16 only: the second k tile (k double-buffered by chunk parity)
-  __nv_bfloat16* Ob;   // staging kernels only: [64][LD] the chunk's o tile (after Kb2)
   float *gam, *bet, *rsK, *rsQ;  // [2][64] each (double-buffered by chunk parity)
   float* dec;                     // [64]
 };
 
-// F16 (the fast forward): one fp16 plane per operand matrix instead of a bf16 hi/lo pair; W: the
-// V slice width.
-template <bool F16 = false, int W = BV>
 __device__ __forceinline__ SeqSmem seq_smem(void* base) {
-  constexpr int np = F16 ? 1 : 2;
-  constexpr int CP_EL = SliceG<W>::CP, SP_EL = SliceG<W>::SP;
   SeqSmem s;
   __nv_bfloat16* b = static_cast<__nv_bfloat16*>(base);
-  s.Kb = b;                  // [64][128] swizzled, raw k (F16: fp16 k)
-  s.Qb = s.Kb + KQ_EL;       // raw q
-  s.Tp = s.Qb + KQ_EL;       // [np][64][64] swizzled
-  s.Pp = s.Tp + np * TP_EL;  // [np][64][64] swizzled
-  s.Xb = s.Pp + np * TP_EL;  // [64][LDS] raw v (fwd) or dO (bwd) slice
-  s.Sp = s.Xb + CP_EL;       // [np][128][LDS] state planes
-  s.Yp = s.Sp + np * SP_EL;  // [np][64][LDS]
-  s.Dp = s.Yp + np * CP_EL;  // [np][64][LDS]
-  float* f = reinterpret_cast<float*>(s.Dp + np * CP_EL);
+  s.Kb = b;                 // [64][128] swizzled, raw k
+  s.Qb = s.Kb + KQ_EL;      // raw q
+  s.Tp = s.Qb + KQ_EL;      // [2][64][64] swizzled
+  s.Pp = s.Tp + 2 * TP_EL;  // [2][64][64] swizzled
+  s.Xb = s.Pp + 2 * TP_EL;  // [64][LDS] raw v (fwd) or dO (bwd) slice
+  s.Sp = s.Xb + CP_EL;      // [2][128][LDS] state planes
+  s.Yp = s.Sp + 2 * SP_EL;  // [2][64][LDS]
+  s.Dp = s.Yp + 2 * CP_EL;  // [2][64][LDS]
+  float* f = reinterpret_cast<float*>(s.Dp + 2 * CP_EL);
   s.gam = f;
   s.bet = f + 2 * C;
   s.rsK = f + 4 * C;
   s.rsQ = f + 6 * C;
   s.dec = f + 8 * C;
-  s.Kb2 = reinterpret_cast<__nv_bfloat16*>(f + 9 * C);       // F16: [64][128] swizzled (128-byte aligned)
-  s.Ob = F16 ? s.Kb2 + KQ_EL : s.Kb2;  // [64][LDS], present when staged (seq_smem_bytes)
   return s;
 }
 
 }  // namespace
 
-// bytes of dynamic shared memory of the sequential kernels (stage_o: with the staged o tile)
-size_t seq_smem_bytes(bool f16, bool stage_o) {
-  const size_t np = f16 ? 1 : 2;
-  const size_t CP_EL = f16 ? SliceG<BV16>::CP : SliceG<BV>::CP, SP_EL = f16 ? SliceG<BV16>::SP : SliceG<BV>::SP;
-  const size_t ob = stage_o ? CP_EL : 0;  // the staged o tile
-  const size_t kb2 = f16 ? KQ_EL : 0;     // the second k tile
-  return (2 * KQ_EL + 2 * np * TP_EL + CP_EL + np * SP_EL + 2 * np * CP_EL + kb2 + ob) * 2 + 9 * C * sizeof(float);
+// bytes of dynamic shared memory of the sequential kernels (seq_smem)
+size_t seq_smem_bytes() {
+  return (2 * KQ_EL + 4 * TP_EL + CP_EL + 2 * SP_EL + 4 * CP_EL) * 2 + 9 * C * sizeof(float);
 }
 
 struct ChunkGeo {
@@ -96,14 +81,11 @@ __device__ __forceinline__ ChunkGeo chunk_geo(int64_t c, int64_t c_beg, int64_t 
 // visible by the same barrier.
 
 // T or P planes of chunk g (workspace, always 16-byte aligned): 2 x [64][64] = 1024 x 16 B
-// (F16: one plane)
-template <bool F16 = false>
 __device__ __forceinline__ void ld_planes(__nv_bfloat16* dst, const __nv_bfloat16* src_all,
                                           const KParams& p, int hv, const ChunkGeo& g) {
-  constexpr int np = F16 ? 1 : 2;
-  const __nv_bfloat16* src = src_all + (g.c * p.HV + hv) * (int64_t)(np * C * C);
+  const __nv_bfloat16* src = src_all + (g.c * p.HV + hv) * (int64_t)(2 * C * C);
 #pragma unroll
-  for (int i = 0; i < np * TP_EL / 8 / kSeqThreads; ++i) {
+  for (int i = 0; i < 2 * TP_EL / 8 / kSeqThreads; ++i) {
     const int v = threadIdx.x + i * kSeqThreads, pl = v >> 9, r = (v >> 3) & 63, c8 = v & 7;
     cp_async16(dst + pl * TP_EL + swz<C>(r, c8 * 8), src + v * 8, 16);
   }
@@ -127,11 +109,9 @@ __device__ __forceinline__ void ld_qk(__nv_bfloat16* dst, const void* src_all, i
     }
   }
 }
-// raw [64][BV] slice of v or dO (a [64][W] slice, row stride SliceG<W>::LD)
-template <int BV = BV>
+// raw [64][BV] slice of v or dO
 __device__ __forceinline__ void ld_x(__nv_bfloat16* dst, const void* src_all, int64_t st, int64_t sh,
                                      int vec, int hv, int v0, const ChunkGeo& g) {
-  constexpr int LDS = SliceG<BV>::LD;
   const __nv_bfloat16* base = bf16_at(src_all, g.t0 * st + (int64_t)hv * sh + v0);
   if (vec) {
     constexpr int NXV = C * BV / 8;
@@ -180,7 +160,7 @@ __device__ __forceinline__ void for_pairs(int r0, int c0, G g) {
 
 // Writes the split planes of a warp's m16 x (8*NT) fp32 accumulator tile at (r0, c0) of a
 // [rows][LDS] plane pair (hi at P, lo at P + plane). f(row, col, value) -> value to store.
-template <int NT, class F, int LDS = LDS>
+template <int NT, class F>
 __device__ __forceinline__ void store_planes(__nv_bfloat16* P, int plane, const float (&acc)[NT][4],
                                              int r0, int c0, F f) {
   for_pairs<NT>(r0, c0, [&](int r, int cc, int n, int hh) {
@@ -189,23 +169,6 @@ __device__ __forceinline__ void store_planes(__nv_bfloat16* P, int plane, const 
     *reinterpret_cast<uint32_t*>(P + r * LDS + cc) = hi;
     *reinterpret_cast<uint32_t*>(P + plane + r * LDS + cc) = lo;
   });
-}
-
-// store_planes for the operand format: F16 writes one fp16 plane (no lo plane) and adds the
-// stored values to the range check m.
-template <bool F16, int NT, class F, int LDS = LDS>
-__device__ __forceinline__ void store_ops(__nv_bfloat16* P, int plane, const float (&acc)[NT][4], int r0,
-                                          int c0, F f, AbsMax& m) {
-  if constexpr (F16) {
-    for_pairs<NT>(r0, c0, [&](int r, int cc, int n, int hh) {
-      const float x0 = f(r, cc, acc[n][2 * hh]), x1 = f(r, cc + 1, acc[n][2 * hh + 1]);
-      m.add(x0);
-      m.add(x1);
-      *reinterpret_cast<uint32_t*>(P + r * LDS + cc) = pack_h2(x0, x1);
-    });
-  } else {
-    store_planes<NT, F, LDS>(P, plane, acc, r0, c0, f);
-  }
 }
 
 // Copies the hi/lo plane pair of a [ROWS][LDS] shared operand (the 32-wide V slice the block
@@ -222,11 +185,10 @@ __device__ __forceinline__ void copy_planes_out(__nv_bfloat16* dst, const __nv_b
   }
 }
 
-// acc[2] (two n8 tiles at n0, n0+8) += A(16x16 tiles over KD) * B, A from a raw swizzled bf16
+// acc[NT] (n8 tiles at n0, n0+8, ...) += A(16x16 tiles over KD) * B, A from a raw swizzled bf16
 // [rows][LDA] matrix (row-major [m][k]: TRANS_A = false; stored [k][m]: TRANS_A = true), B from
 // the hi/lo planes of a [k][LDS] matrix.
-// (F16: A and B are fp16 (B one plane): 1 MMA per tile)
-template <int KD, int LDA, bool TRANS_A, int NT, bool F16 = false, int LDS = LDS>
+template <int KD, int LDA, bool TRANS_A, int NT>
 __device__ __forceinline__ void mma_raw_split(float (&acc)[NT][4], const __nv_bfloat16* A, int m0,
                                               const __nv_bfloat16* B, int plane, int n0) {
   const int lane = threadIdx.x & 31;
@@ -241,11 +203,6 @@ __device__ __forceinline__ void mma_raw_split(float (&acc)[NT][4], const __nv_bf
     for (int nh = 0; nh < NT / 2; ++nh) {
       uint32_t bh[4], bl[4];
       ldsm_x4_t(bh, B + b_off(LDS, k0, n0 + 16 * nh, lane));
-      if constexpr (F16) {
-        mma_f16(acc[2 * nh], a, bh[0], bh[1]);
-        mma_f16(acc[2 * nh + 1], a, bh[2], bh[3]);
-        continue;
-      }
       ldsm_x4_t(bl, B + plane + b_off(LDS, k0, n0 + 16 * nh, lane));
       mma_bf16(acc[2 * nh], a, bh[0], bh[1]);
       mma_bf16(acc[2 * nh + 1], a, bh[2], bh[3]);
@@ -257,28 +214,14 @@ __device__ __forceinline__ void mma_raw_split(float (&acc)[NT][4], const __nv_bf
 
 // acc[2] += A * B over K = 64, A = hi/lo planes of a swizzled [64][64] matrix (TRANS_A: A = M^T),
 // B = hi/lo planes of a [64][LDS] matrix (split x split: 3 MMAs per tile).
-// (F16: one fp16 plane each, 1 MMA per tile, and NT n8 tiles (a 16 x 8NT tile) sharing each A
-// fragment)
-template <bool TRANS_A, bool F16 = false, int NT = 2, int LDS = LDS>
-__device__ __forceinline__ void mma_split_split(float (&acc)[NT][4], const __nv_bfloat16* A, int m0,
+template <bool TRANS_A>
+__device__ __forceinline__ void mma_split_split(float (&acc)[2][4], const __nv_bfloat16* A, int m0,
                                                 const __nv_bfloat16* B, int n0) {
-  static_assert(F16 || NT == 2, "the bf16x2 form computes one 16 x 16 tile");
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int k0 = 0; k0 < C; k0 += 16) {
     uint32_t ah[4], al[4], bh[4], bl[4];
     const int ao = TRANS_A ? at_off_sw<C>(m0, k0, lane) : a_off_sw<C>(m0, k0, lane);
-    if constexpr (F16) {
-      if constexpr (TRANS_A) ldsm_x4_t(ah, A + ao);
-      else ldsm_x4(ah, A + ao);
-#pragma unroll
-      for (int nh = 0; nh < NT / 2; ++nh) {
-        ldsm_x4_t(bh, B + b_off(LDS, k0, n0 + 16 * nh, lane));
-        mma_f16(acc[2 * nh], ah, bh[0], bh[1]);
-        mma_f16(acc[2 * nh + 1], ah, bh[2], bh[3]);
-      }
-      continue;
-    }
     if constexpr (TRANS_A) {
       ldsm_x4_t(ah, A + ao);
       ldsm_x4_t(al, A + TP_EL + ao);
@@ -332,26 +275,24 @@ __device__ __forceinline__ void zero4(float (&a)[NT][4]) {
 // The recurrent state (S or dS) of a block: this warp's 16 rows x the V slice, fp32 accumulator
 // fragments. Loaded from a [N,HV,K,V] state tensor (zero when null) into registers and the MMA
 // planes; stored back at the end (null: not wanted).
-template <bool F16 = false, int W = BV>
-__device__ __forceinline__ void seq_state_load(float (&st)[W / 8][4], const float* src, int64_t off, int srow,
-                                               const SeqSmem& s, AbsMax& m) {
+__device__ __forceinline__ void seq_state_load(float (&st)[BV / 8][4], const float* src, int64_t off, int srow,
+                                               const SeqSmem& s) {
   const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
 #pragma unroll
-  for (int nn = 0; nn < W / 8; ++nn)
+  for (int nn = 0; nn < BV / 8; ++nn)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       GDN_FRAG_RC(srow, 0, nn, e);
       st[nn][e] = src ? src[off + (int64_t)r * DV + j] : 0.f;
     }
   const auto id = [](int, int, float x) { return x; };
-  store_ops<F16, W / 8, decltype(id), SliceG<W>::LD>(s.Sp, SliceG<W>::SP, st, srow, 0, id, m);
+  store_planes(s.Sp, SP_EL, st, srow, 0, id);
 }
-template <int W = BV>
-__device__ __forceinline__ void seq_state_store(float* dst, int64_t off, const float (&st)[W / 8][4], int srow) {
+__device__ __forceinline__ void seq_state_store(float* dst, int64_t off, const float (&st)[BV / 8][4], int srow) {
   if (!dst) return;
   const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
 #pragma unroll
-  for (int nn = 0; nn < W / 8; ++nn)
+  for (int nn = 0; nn < BV / 8; ++nn)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       GDN_FRAG_RC(srow, 0, nn, 2 * hh);
@@ -369,72 +310,34 @@ __device__ __forceinline__ void seq_state_store(float* dst, int64_t off, const f
 // computes (each buffer is refilled right after the barrier that ends its last use); k and P are
 // loaded at the top of the step (P is first needed in P3). cp.async groups, oldest first:
 // [K_c] [P_c] [Q,X,vec_{c+1}] [T_{c+1}].
-// F16 (forward only): fp16 operands (gdn_mma16.cuh); q/k come from prep's raw fp16 copies,
-// and the largest |x| of the S, Y and Delta operands is checked once at the end of the sequence.
-// W: the V slice width (BV16 for F16): warp w owns chunk tiles rows 16*(w&3) x cols (W/2)*(w>>2)
-// and state rows 16*w x all W columns.
-template <bool F16 = false, int W = BV, bool STAGE_O = false>
 __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t bid, const SeqSmem& s) {
-  constexpr int LDS = SliceG<W>::LD, CP_EL = SliceG<W>::CP, SP_EL = SliceG<W>::SP, NVS = SliceG<W>::NS;
-  constexpr int NTC = W / 16, NTS = W / 8;  // n8 tiles of a warp's chunk tile / state rows
+  constexpr int NTC = 2, NTS = 4;  // n8 tiles of a warp's 16 x 16 chunk tile / 16 x 32 state rows
   const int vs = (int)(bid % NVS);
   const int64_t rest = bid / NVS;
   const int hv = (int)(rest % p.HV);
   const int64_t n = rest / p.HV;
   const int h = hv / p.G;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-  const int wr = warp & 3, cw = (W / 2) * (warp >> 2);  // chunk tile row block, first column
-  const int v0 = vs * W;
+  const int wr = warp & 3, cw = 16 * (warp >> 2);  // chunk tile row block, first column
+  const int v0 = vs * BV;
   const bool want_o = (mode & 1) && p.o;
   const bool want_h = (mode & 2) != 0;
-  // STAGE_O: o goes through shared memory (s.Ob) and leaves as 16-byte row pieces one step
-  // later, after the next barrier. Measured (1x8192, fp16 kernel at one block per SM): forward
-  // 0.735 -> 0.721 ms; at two blocks per SM (4x2048) it cost 3 %, so only the wide kernel stages.
-  const bool stage_o = STAGE_O && want_o && p.vec_o;
-  const auto flush_o = [&](int64_t t0p, int Lp) {
-    __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.o) + (int64_t)hv * p.o_sh + v0;
-#pragma unroll
-    for (int i = 0; i < C * W / 8 / kSeqThreads; ++i) {
-      const int v = tid + i * kSeqThreads, r = v / (W / 8), c8 = (v % (W / 8)) * 8;
-      if (r < Lp) *reinterpret_cast<uint4*>(o + (t0p + r) * p.o_st + c8) = *reinterpret_cast<const uint4*>(s.Ob + r * LDS + c8);
-    }
-  };
   const int64_t KV = (int64_t)DK * DV;
   const int srow = 16 * warp;  // state rows of this warp
   GDN_PH_START
 
-  constexpr int np = F16 ? 1 : 2;
-  AbsMax mS, mY, mD;  // F16 range check of the S, Y and Delta (and Delta') operands
   float st[NTS][4];
-  seq_state_load<F16, W>(st, p.h0, (n * p.HV + hv) * KV + v0, srow, s, mS);
-  // q/k tiles: raw bf16 inputs, or (F16) prep's fp16 copies [T,H,K]
-  const auto ld_q = [&](const ChunkGeo& g) {
-    if constexpr (F16) ld_qk(s.Qb, p.qh, (int64_t)p.H * DK, DK, 1, h, g);
-    else ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g);
-  };
-  const auto ld_k = [&](__nv_bfloat16* dst, const ChunkGeo& g) {
-    if constexpr (F16) ld_qk(dst, p.kh, (int64_t)p.H * DK, DK, 1, h, g);
-    else ld_qk(dst, p.k, p.k_st, p.k_sh, p.vec_k, h, g);
-  };
-  // F16: k of chunk c+1 is loaded at the top of step c into the other tile (Kb / Kb2 by chunk
-  // parity), so the step never waits for its k (ncu, v18 wide kernel: that wait was 6 % of the
-  // step's stall samples at one block per SM). bf16x2: one tile, loaded at the top of its step.
-  constexpr bool KDB = F16;
-  const auto kt = [&](int64_t c) { return (KDB && (c & 1)) ? s.Kb2 : s.Kb; };
+  seq_state_load(st, p.h0, (n * p.HV + hv) * KV + v0, srow, s);
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  if (c_beg < c_end) {  // prologue: (F16: k,) q, x, vectors, T of the first chunk
+  if (c_beg < c_end) {  // prologue: q, x, vectors, T of the first chunk
     const ChunkGeo g = chunk_geo(c_beg, c_beg, bos, eos);
-    if constexpr (KDB) {
-      ld_k(kt(c_beg), g);
-      cp_async_commit();
-    }
-    if (want_o) ld_q(g);
-    ld_x<W>(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g);
+    if (want_o) ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g);
+    ld_x(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g);
     ld_vecs(s, (int)(c_beg & 1), p, h, hv, g);
     cp_async_commit();
-    ld_planes<F16>(s.Tp, p.Tp, p, hv, g);
+    ld_planes(s.Tp, p.Tp, p, hv, g);
     cp_async_commit();
   }
   for (int64_t c = c_beg; c < c_end; ++c) {
@@ -445,42 +348,24 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
     const float* bet = s.bet + b * C;
     const float* rsK = s.rsK + b * C;
     const float* rsQ = s.rsQ + b * C;
-    __syncthreads();  // previous chunk fully done with Kb, Pp, Sp (and its o tile staged)
+    __syncthreads();  // previous chunk fully done with Kb, Pp, Sp
     GDN_PH(0);
-    if (stage_o && c > c_beg) {
-      const ChunkGeo gp = chunk_geo(c - 1, c_beg, bos, eos);
-      flush_o(gp.t0, gp.L);
-    }
-    if constexpr (KDB) {
-      if (c + 1 < c_end) ld_k(kt(c + 1), chunk_geo(c + 1, c_beg, bos, eos));  // its tile's last reader was P4 of c-1
-    } else {
-      ld_k(s.Kb, g);
-    }
+    ld_qk(s.Kb, p.k, p.k_st, p.k_sh, p.vec_k, h, g);
     cp_async_commit();
-    if (want_o) ld_planes<F16>(s.Pp, p.Pp, p, hv, g);
+    if (want_o) ld_planes(s.Pp, p.Pp, p, hv, g);
     cp_async_commit();
-    if constexpr (W == BV) {  // S at the chunk start (its planes, written by the last P4 or the load)
-      if (want_h) copy_planes_out<DK, LDS>(p.hs + slice_planes(c, p.HV, hv, vs, DK), s.Sp, SP_EL);
-    }
-    cp_async_wait<KDB ? 2 : 1>();  // all but P_c (F16: and k of c+1)
+    // S at the chunk start (its planes, written by the last P4 or the load)
+    if (want_h) copy_planes_out<DK, LDS>(p.hs + slice_planes(c, p.HV, hv, vs, DK), s.Sp, SP_EL);
+    cp_async_wait<1>();  // all but P_c
     __syncthreads();
     GDN_PH(1);
-    if (c + 1 < c_end) {  // L2 prefetch of what the next step loads first: its k tile (F16: the
-                          // one after) and P planes
+    if (c + 1 < c_end) {  // L2 prefetch of what the next step loads first: its k tile and P planes
       const ChunkGeo g1 = chunk_geo(c + 1, c_beg, bos, eos);
       if (tid < 128) {
         const int r = tid >> 1;
-        if constexpr (KDB) {
-          if (c + 2 < c_end) {
-            const ChunkGeo g2 = chunk_geo(c + 2, c_beg, bos, eos);
-            if (r < g2.L) prefetch_l2(static_cast<const __half*>(p.kh) + ((g2.t0 + r) * p.H + h) * DK + (tid & 1) * 64);
-          }
-        } else if (r < g1.L) {
-          if constexpr (F16) prefetch_l2(static_cast<const __half*>(p.kh) + ((g1.t0 + r) * p.H + h) * DK + (tid & 1) * 64);
-          else prefetch_l2(bf16_at(p.k, (g1.t0 + r) * p.k_st + (int64_t)h * p.k_sh + (tid & 1) * 64));
-        }
-      } else if (want_o && tid - 128 < 64 * np) {
-        prefetch_l2(p.Pp + (g1.c * p.HV + hv) * (int64_t)(np * C * C) + (tid - 128) * 64);
+        if (r < g1.L) prefetch_l2(bf16_at(p.k, (g1.t0 + r) * p.k_st + (int64_t)h * p.k_sh + (tid & 1) * 64));
+      } else if (want_o) {  // threads 128..255, 64 elements each: both planes
+        prefetch_l2(p.Pp + (g1.c * p.HV + hv) * (int64_t)(2 * C * C) + (tid - 128) * 64);
       }
     }
     const float gl = gam[L - 1];
@@ -494,21 +379,8 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
 #pragma unroll
       for (int k0 = 0; k0 < DK; k0 += 16) {
         uint32_t ak[4], aq[4], bh[4], bl[4];
-        ldsm_x4(ak, kt(c) + a_off_sw<DK>(16 * wr, k0, lane));
+        ldsm_x4(ak, s.Kb + a_off_sw<DK>(16 * wr, k0, lane));
         if (want_o) ldsm_x4(aq, s.Qb + a_off_sw<DK>(16 * wr, k0, lane));
-        if constexpr (F16) {
-#pragma unroll
-          for (int nh = 0; nh < NTC / 2; ++nh) {
-            ldsm_x4_t(bh, s.Sp + b_off(LDS, k0, cw + 16 * nh, lane));
-#pragma unroll
-            for (int t = 0; t < 2; ++t) {
-              mma_f16(aX[2 * nh + t], ak, bh[2 * t], bh[2 * t + 1]);
-              if (want_o) mma_f16(aO[2 * nh + t], aq, bh[2 * t], bh[2 * t + 1]);
-            }
-          }
-          continue;
-        }
-        static_assert(F16 || NTC == 2, "bf16x2: 16 x 16 warp tiles");
         ldsm_x4_t(bh, s.Sp + b_off(LDS, k0, cw, lane));
         ldsm_x4_t(bl, s.Sp + SP_EL + b_off(LDS, k0, cw, lane));
 #pragma unroll
@@ -528,37 +400,36 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
         const float vv = __bfloat162float(s.Xb[r * LDS + j]);
         return r < L ? bet[r] * (vv - ((r & 8) ? f1 : f0) * x) : 0.f;
       };
-      store_ops<F16, NTC, decltype(fy), LDS>(s.Yp, CP_EL, aX, 16 * wr, cw, fy, mY);
+      store_planes(s.Yp, CP_EL, aX, 16 * wr, cw, fy);
     }
     __syncthreads();
     GDN_PH(2);
     // Qb, Xb and the other vector buffer are free: prefetch chunk c+1
     if (c + 1 < c_end) {
       const ChunkGeo g1 = chunk_geo(c + 1, c_beg, bos, eos);
-      if (want_o) ld_q(g1);
-      ld_x<W>(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g1);
+      if (want_o) ld_qk(s.Qb, p.q, p.q_st, p.q_sh, p.vec_q, h, g1);
+      ld_x(s.Xb, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g1);
       ld_vecs(s, b ^ 1, p, h, hv, g1);
     }
     cp_async_commit();
     {  // P2: Delta = T Y
       float aD[NTC][4];
       zero4(aD);
-      mma_split_split<false, F16, NTC, LDS>(aD, s.Tp, 16 * wr, s.Yp, cw);
+      mma_split_split<false>(aD, s.Tp, 16 * wr, s.Yp, cw);
       __syncthreads();  // Y planes are reused for Delta' = diag(dec) Delta; Tp is free
       GDN_PH(3);
-      if (c + 1 < c_end) ld_planes<F16>(s.Tp, p.Tp, p, hv, chunk_geo(c + 1, c_beg, bos, eos));
+      if (c + 1 < c_end) ld_planes(s.Tp, p.Tp, p, hv, chunk_geo(c + 1, c_beg, bos, eos));
       cp_async_commit();
       const auto mask = [&](int r, int, float x) { return r < L ? x : 0.f; };
       const auto fdec = [&](int r, int, float x) { return r < L ? s.dec[r] * x : 0.f; };
-      store_ops<F16, NTC, decltype(mask), LDS>(s.Dp, CP_EL, aD, 16 * wr, cw, mask, mD);
-      store_ops<F16, NTC, decltype(fdec), LDS>(s.Yp, CP_EL, aD, 16 * wr, cw, fdec, mD);
+      store_planes(s.Dp, CP_EL, aD, 16 * wr, cw, mask);
+      store_planes(s.Yp, CP_EL, aD, 16 * wr, cw, fdec);
     }
-    cp_async_wait<2>();  // P_c (F16: and k of c+1) landed (the two prefetch groups may still be in flight)
+    cp_async_wait<2>();  // P_c landed (the two prefetch groups may still be in flight)
     __syncthreads();
     GDN_PH(4);
-    if constexpr (W == BV) {  // Delta (rows >= L zero) for the backward: the next writer of Dp is
-      if (want_h) copy_planes_out<C, LDS>(p.Dl + slice_planes(c, p.HV, hv, vs, C), s.Dp, CP_EL);  // P2 of c+1
-    }
+    // Delta (rows >= L zero) for the backward: the next writer of Dp is P2 of c+1
+    if (want_h) copy_planes_out<C, LDS>(p.Dl + slice_planes(c, p.HV, hv, vs, C), s.Dp, CP_EL);
     if (want_o) {  // P3: O = s (e^gam rsQ O1 + P Delta)
       const int r0 = 16 * wr + gq;
       const float f0 = expf(gam[r0]) * rsQ[r0], f1 = expf(gam[r0 + 8]) * rsQ[r0 + 8];
@@ -566,18 +437,13 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       for (int nn = 0; nn < NTC; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) aO[nn][e] *= (e & 2) ? f1 : f0;
-      mma_split_split<false, F16, NTC, LDS>(aO, s.Pp, 16 * wr, s.Dp, cw);
+      mma_split_split<false>(aO, s.Pp, 16 * wr, s.Dp, cw);
       __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.o);
 #pragma unroll
       for (int nn = 0; nn < NTC; ++nn)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           GDN_FRAG_RC(16 * wr, cw, nn, 2 * hh);
-          if (stage_o) {  // (bank-conflict free: LDS = W + 8)
-            *reinterpret_cast<__nv_bfloat162*>(s.Ob + r * LDS + j) =
-                __floats2bfloat162_rn(p.scale * aO[nn][2 * hh], p.scale * aO[nn][2 * hh + 1]);
-            continue;
-          }
           if (r >= L) continue;
           const int64_t off = (t0 + r) * p.o_st + (int64_t)hv * p.o_sh + v0 + j;
           const float x0 = p.scale * aO[nn][2 * hh], x1 = p.scale * aO[nn][2 * hh + 1];
@@ -596,38 +462,15 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       for (int nn = 0; nn < NTS; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[nn][e] *= eg;
-      mma_raw_split<C, DK, true, NTS, F16, LDS>(st, kt(c), srow, s.Yp, CP_EL, 0);
+      mma_raw_split<C, DK, true, NTS>(st, s.Kb, srow, s.Yp, CP_EL, 0);
       // P1 of this chunk was the last reader of the old planes (two barriers ago)
       const auto id = [](int, int, float x) { return x; };
-      store_ops<F16, NTS, decltype(id), LDS>(s.Sp, SP_EL, st, srow, 0, id, mS);
+      store_planes(s.Sp, SP_EL, st, srow, 0, id);
       GDN_PH(6);
     }
   }
   cp_async_wait<0>();
-  if (stage_o && c_beg < c_end) {  // the last chunk's o tile
-    __syncthreads();
-    const ChunkGeo gp = chunk_geo(c_end - 1, c_beg, bos, eos);
-    flush_o(gp.t0, gp.L);
-  }
-  seq_state_store<W>((mode & 1) ? p.ht : nullptr, (n * p.HV + hv) * KV + v0, st, srow);
-  if constexpr (F16) {  // range check of this block's fp16 operands over the whole sequence
-    __shared__ unsigned bmax[3];
-    __syncthreads();
-    if (tid < 3) bmax[tid] = 0;
-    __syncthreads();
-    const float m0 = mS.warp_max(), m1 = mY.warp_max(), m2 = mD.warp_max();
-    if (lane == 0) {
-      atomicMax(&bmax[0], __float_as_uint(m0));
-      atomicMax(&bmax[1], __float_as_uint(m1));
-      atomicMax(&bmax[2], __float_as_uint(m2));
-    }
-    __syncthreads();
-    if (tid == 0 && !(f16_range_ok(__uint_as_float(bmax[0])) && f16_range_ok(__uint_as_float(bmax[1])) &&
-                      f16_range_ok(__uint_as_float(bmax[2])))) {
-      p.f16_bad[n * p.HV + hv] = 1;
-      p.f16_bad[p.N * p.HV] = 1;
-    }
-  }
+  seq_state_store((mode & 1) ? p.ht : nullptr, (n * p.HV + hv) * KV + v0, st, srow);
 }
 
 // Reverse sequential pass, same block shape. dS = gradient w.r.t. the state leaving the chunk.
@@ -652,8 +495,7 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
 
   const auto id = [](int, int, float x) { return x; };
   float st[4][4];
-  AbsMax unused;  // (range checks are for fp16 operands only)
-  seq_state_load(st, p.dht, (n * p.HV + hv) * KV + v0, srow, s, unused);
+  seq_state_load(st, p.dht, (n * p.HV + hv) * KV + v0, srow, s);
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
@@ -766,24 +608,6 @@ __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, in
   if (p.run_if && !p.run_if[blockIdx.x / NVS]) return;  // fallback launch: only flagged (n, hv)s
   extern __shared__ __align__(128) unsigned char smraw[];
   state_body(p, mode, blockIdx.x, seq_smem(smraw));
-}
-// The fast forward (F16 operands, 64-wide V slices; mode 1 only), in two register budgets: up to
-// 255 registers when the grid fits one block per SM (measured: 1x8192 at the 27B config 0.757 ms
-// forward vs 0.79 with 128), and 128 (a few bytes of spill) so that two blocks share an SM when
-// it does not (4x2048: 0.59 vs 0.64).
-__global__ void __launch_bounds__(kSeqThreads, 2) gdn_state16_kernel(KParams p) {
-  extern __shared__ __align__(128) unsigned char smraw[];
-  state_body<true, BV16>(p, 1, blockIdx.x, seq_smem<true, BV16>(smraw));
-}
-// The wide kernel also stages o through shared memory (seq_smem_bytes(true, true)).
-__global__ void __launch_bounds__(kSeqThreads, 1) gdn_state16_wide_kernel(KParams p) {
-  extern __shared__ __align__(128) unsigned char smraw[];
-  state_body<true, BV16, true>(p, 1, blockIdx.x, seq_smem<true, BV16>(smraw));
-}
-
-__global__ void __launch_bounds__(kSeqThreads, 2) gdn_dh_kernel(KParams p) {
-  extern __shared__ __align__(128) unsigned char smraw[];
-  dh_body(p, blockIdx.x, seq_smem(smraw));
 }
 
 // Backward: the h recompute (state_body, mode 2) and the dh pass are independent, so they share

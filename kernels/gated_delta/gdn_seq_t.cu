@@ -13,10 +13,11 @@
 // S^T, Y^T and D^T therefore never leave registers: no shared-memory operand planes, no barrier
 // between the phases of a step, and every warp works on its own columns. The only shared data are
 // the chunk's K, Q, T, P, v and row factors, double-buffered by cp.async, so a chunk step has one
-// barrier. (The plane kernel of gdn_seq.cu, v14-v19, spends ~1,270 warp instructions per warp and
-// step on 128 MMAs: plane stores, ldmatrix of its own state and five barriers; ncu, v18.)
+// barrier. (The fp16 plane kernel it replaced, gdn_state16 of v14-v19 in gdn_seq.cu, spent ~1,270
+// warp instructions per warp and step on 128 MMAs: plane stores, ldmatrix of its own state and five
+// barriers; ncu, v18.)
 //
-// Operands and numerics are those of the plane kernel's fp16 path: fp16 K/Q copies, T and P planes
+// Operands and numerics are those of that plane kernel: fp16 K/Q copies, T and P planes
 // and fp16 roundings of S, Y, D and D' (gdn_mma16.cuh), fp32 accumulation and state, the same
 // range check (F16 guard) reported through p.f16_bad. The row factors come from prep
 // (p.fx, p.fq, p.dec), so the step evaluates no exponential but e^{gam_L}.
