@@ -41,8 +41,10 @@ __global__ void gdn_l2norm_rstd_kernel(KParams p) {
 
 constexpr int kPrepThreads = 256;
 
-// raw bf16 q/k (exact operands) instead of fp32 copies: 72 KB, so three blocks fit per SM
-size_t prep_smem_bytes() { return (size_t)2 * C * LDKB * 2 + (2 * C * LDC + 3 * 256 + 2 * C) * sizeof(float); }
+// raw bf16 q/k (exact operands) instead of fp32 copies, and T's fp32 tile in the k tile's place
+// (k is dead once P is formed): 55 KB, so four blocks fit per SM
+static_assert(C * LDKB * 2 == C * LDC * sizeof(float), "the fp32 T tile exactly replaces the raw k tile");
+size_t prep_smem_bytes() { return (size_t)2 * C * LDKB * 2 + (C * LDC + 3 * 256 + 2 * C) * sizeof(float); }
 
 // One distance step of the blocked inverse (see gdn_prep_kernel): T_{j+D, j} for j < 4 - D, two
 // warps per block (8 columns each, so 6, 4 and 2 of the 8 warps work in the three steps). X (the
@@ -77,8 +79,8 @@ __device__ __forceinline__ void prep_body(const KParams& p, float* sm, int64_t b
   __nv_bfloat16* Qb = Kb + C * LDKB;
   __nv_bfloat16* Ps = Qb;  // after QK^T: P hi/lo planes, swizzled [2][64][64] (16 KB of the q tile)
   float* As = reinterpret_cast<float*>(Qb + C * LDKB);
-  float* Ts = As + C * LDC;
-  float* scr = Ts + C * LDC;  // 768
+  float* Ts = reinterpret_cast<float*>(Kb);  // first written after the barrier that ends the last read of k
+  float* scr = As + C * LDC;  // 768
   float* gam = scr + 3 * 256;
   float* bet = gam + C;
 
