@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -47,6 +48,7 @@ struct Case {
   bool l2 = false, gate_fused = false, beta_sigmoid = false, beta_f32 = false;
   bool h0 = false, dht = false, strided = false;
   int pad = 0;  // extra elements per token row of the fused q|k|v buffer (odd: no 16-byte loads)
+  int opad = 0;  // extra elements per token row of o: 1 = 2-byte stores, 2 = 4-byte pairs (no staged rows)
   DType grad = DType::F32;
   bool bf16x2_fwd = false;  // the bf16x2 forward (fast_forward = false) instead of fp16 operands
   float v_scale = 1.f;      // v ~ v_scale * N(0, 1): far from 1 it drives fp16 out of range
@@ -214,13 +216,15 @@ int run_case(const Case& cs, uint64_t seed, double& worst) {
   const size_t ws_f = gdn_fwd_workspace_bytes(p), ws_b = gdn_bwd_workspace_bytes(p);
   void* ws = dalloc<char>(std::max(ws_f, ws_b));
   const size_t nO = T * HV * V, nS = N * HV * K * V;
-  __nv_bfloat16* d_o = dalloc<__nv_bfloat16>(nO);
+  const int64_t o_st = (int64_t)HV * V + cs.opad;
+  const size_t nOb = T * o_st;
+  __nv_bfloat16* d_o = dalloc<__nv_bfloat16>(nOb);
   float* d_ht = dalloc<float>(nS);
   CK(cudaMemset(ws, 0xff, std::max(ws_f, ws_b)));
-  CK(cudaMemset(d_o, 0xff, nO * 2));
+  CK(cudaMemset(d_o, 0xff, nOb * 2));
   CK(cudaMemset(d_ht, 0xff, nS * 4));
   GdnFwdOut fo;
-  fo.o = d_o; fo.o_st = (int64_t)HV * V; fo.o_sh = V; fo.final_state = d_ht;
+  fo.o = d_o; fo.o_st = o_st; fo.o_sh = V; fo.final_state = d_ht;
   int32_t* d_fell = upload(std::vector<int32_t>{-1});
   fo.fell_back = d_fell;
   gdn_forward(p, fo, ws, ws_f, nullptr);
@@ -261,7 +265,13 @@ int run_case(const Case& cs, uint64_t seed, double& worst) {
   struct Item { const char* name; std::vector<double> got; const std::vector<double>* ref; bool bf16; };
   const bool gb = cs.grad == DType::BF16;
   std::vector<Item> items;
-  items.push_back({"o", download(d_o, nO, DType::BF16), &rf.o, true});
+  std::vector<double> o_rows = download(d_o, nOb, DType::BF16), o_all(nO);
+  size_t o_pad_written = 0;  // the padding keeps its 0xffff fill (NaN) unless a store strayed there
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy_n(o_rows.begin() + t * o_st, HV * V, o_all.begin() + t * HV * V);
+    for (int e = 0; e < cs.opad; ++e) o_pad_written += !std::isnan(o_rows[t * o_st + HV * V + e]);
+  }
+  items.push_back({"o", o_all, &rf.o, true});
   items.push_back({"ht", download(d_ht, nS, DType::F32), &rf.ht, false});
   std::vector<double> o_tiny_ref;
   if (cs.tiny_seq >= 0) {
@@ -284,6 +294,11 @@ int run_case(const Case& cs, uint64_t seed, double& worst) {
   std::string line = cs.bf16x2_fwd ? " fwd=bf16x2" : fell == 1 ? " fwd=fp16->fallback" : " fwd=fp16";
   if (!fwd_ok) line += cs.want_fallback ? "(fallback expected!)" : "(unexpected fallback!)";
   char buf[160];
+  if (o_pad_written) {
+    ok = false;
+    std::snprintf(buf, sizeof buf, " o padding written (%zu elements)!", o_pad_written);
+    line += buf;
+  }
   for (auto& it : items) {
     const Err e = compare(it.got, *it.ref);
     // bf16-stored outputs: storage rounding alone costs ~1.65e-3 relative (RMS), and on a few
@@ -363,6 +378,8 @@ int main() {
   // bf16x2 forward kernels run in full)
   { Case c; c.name = "fwd_fallback_huge_v"; c.lens = {100, 64, 1}; c.H = 1; c.HV = 2; c.l2 = true;
     c.v_scale = 0x1p17f; c.want_fallback = true; add(c); }
+  // o rows that allow no 16-byte stores (the fast forward's unstaged path; sanitizers too)
+  { Case c; c.name = "quick_o_rows_pairs"; c.lens = {1, 65, 130}; c.H = 1; c.HV = 2; c.l2 = true; c.opad = 2; add(c); }
   if (!quick) {
     for (int L : {1, 2, 3, 63, 64, 65, 127, 200}) {
       Case c; c.name = "single_L" + std::to_string(L); c.lens = {L}; c.H = 1; c.HV = 1; add(c);
@@ -379,6 +396,11 @@ int main() {
       c.gate_fused = true; c.beta_sigmoid = true; c.strided = true; c.grad = DType::BF16; add(c); }
     { Case c; c.name = "strided_unaligned_scalar"; c.lens = rnd_lens(4, 1, 200); c.H = 1; c.HV = 3; c.l2 = true;
       c.strided = true; c.pad = 3; c.h0 = true; add(c); }
+    // o rows that allow no 16-byte (staged) stores: 4-byte pairs, then 2-byte scalars, in both forwards
+    { Case c; c.name = "o_rows_pairs"; c.lens = rnd_lens(3, 1, 300); c.H = 1; c.HV = 3; c.gate_fused = true; c.opad = 2; add(c); }
+    { Case c; c.name = "o_rows_scalar"; c.lens = rnd_lens(3, 1, 300); c.H = 1; c.HV = 2; c.gate_fused = true; c.opad = 1; add(c); }
+    { Case c; c.name = "o_rows_scalar_bf16x2"; c.lens = rnd_lens(3, 1, 300); c.H = 1; c.HV = 2; c.opad = 1;
+      c.bf16x2_fwd = true; add(c); }
     { Case c; c.name = "empty_seqs_only"; c.lens = {0, 0}; c.H = 1; c.HV = 2; c.gate_fused = true; c.h0 = c.dht = true; add(c); }
     { Case c; c.name = "random_fresh"; c.lens = rnd_lens(1 + (int)(lrng() % 20), 0, 400); c.H = 1 + (int)(lrng() % 2);
       c.HV = c.H * (1 + (int)(lrng() % 3)); c.gate_kind = (int)(lrng() % 3); c.l2 = lrng() & 1; c.gate_fused = lrng() & 1;
