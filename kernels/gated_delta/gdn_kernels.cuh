@@ -73,6 +73,20 @@ __host__ __device__ constexpr int64_t slice_planes(int64_t c, int HV, int hv, in
   return ((c * HV + hv) * NVS + vs) * (int64_t)(2 * rows * BV);
 }
 
+// Chunk c of a sequence whose chunks are c_beg.. and tokens bos..eos-1 (the sequential kernels):
+// its global index, first token and length L <= C.
+struct ChunkGeo {
+  int64_t c, t0;
+  int L;
+};
+__device__ __forceinline__ ChunkGeo chunk_geo(int64_t c, int64_t c_beg, int64_t bos, int64_t eos) {
+  ChunkGeo g;
+  g.c = c;
+  g.t0 = bos + (c - c_beg) * C;
+  g.L = (int)((eos - g.t0) < C ? (eos - g.t0) : C);
+  return g;
+}
+
 constexpr int LDKB = DK + 8;  // row stride (bf16) of the raw q/k tiles of prep and bwd_chunk
 
 // Raw bf16 q and k rows of the chunk at token t0 (key head h) into [C][LDKB] tiles, rows >= L

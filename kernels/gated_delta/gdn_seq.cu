@@ -63,18 +63,6 @@ size_t seq_smem_bytes() {
   return (2 * KQ_EL + 4 * TP_EL + CP_EL + 2 * SP_EL + 4 * CP_EL) * 2 + 9 * C * sizeof(float);
 }
 
-struct ChunkGeo {
-  int64_t c, t0;
-  int L;
-};
-__device__ __forceinline__ ChunkGeo chunk_geo(int64_t c, int64_t c_beg, int64_t bos, int64_t eos) {
-  ChunkGeo g;
-  g.c = c;
-  g.t0 = bos + (c - c_beg) * C;
-  g.L = (int)((eos - g.t0) < C ? (eos - g.t0) : C);
-  return g;
-}
-
 // Piecewise chunk loads (cp.async where alignment allows, zero-filled rows >= L), so that each
 // shared buffer is refilled for the next chunk as soon as its last reader is done. Completion:
 // cp_async_wait<N>() + __syncthreads() by the caller; the scalar fallbacks are plain stores made

@@ -63,23 +63,11 @@ __device__ __forceinline__ TBuf tbuf(unsigned char* base, int b) {
   return t;
 }
 
-struct TGeo {
-  int64_t c, t0;
-  int L;
-};
-__device__ __forceinline__ TGeo t_geo(int64_t c, int64_t c_beg, int64_t bos, int64_t eos) {
-  TGeo g;
-  g.c = c;
-  g.t0 = bos + (c - c_beg) * C;
-  g.L = (int)((eos - g.t0) < C ? (eos - g.t0) : C);
-  return g;
-}
-
 // Issues the cp.async copies of chunk g's operands into buffer b (rows >= L zero-filled; v by
 // plain stores when its rows are not 16-byte aligned). The caller commits. Thread tid copies the
 // same columns of rows tid/16 + 8i (q/k) and tid/8 + 16i (T, P, v) in every chunk, so the
 // swizzled destinations are fixed offsets plus multiples of a row block.
-__device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, int hv, int v0, const TGeo& g) {
+__device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, int hv, int v0, const ChunkGeo& g) {
   const int tid = threadIdx.x;
   {  // q/k: 8 rows per pass, 16 pieces of 8 per row
     // (row offsets inside a chunk in 32 bits: 63 rows x H x 128 elements)
@@ -136,6 +124,20 @@ __device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, i
     }
     if (tid == 0) cp_async4(b.gl, p.gam + (g.t0 + g.L - 1) * p.HV + hv, 4);
   }
+}
+
+// acc (16 x 64, 8 n8 tiles) += A M^T for a 64 x 64 fp16 plane M that is zero in every 16 x 16
+// block above the diagonal (T, P): A's k-block kk meets only M's blocks np >= kk of that column.
+__device__ __forceinline__ void mma_lower_t(float (&acc)[8][4], const uint32_t (&a)[4][4], const __nv_bfloat16* M, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int np = kk; np < 4; ++np) {
+      uint32_t bm[4];
+      ldsm_x4(bm, M + bn_off_sw<C>(16 * kk, 16 * np, lane));
+      mma_f16(acc[2 * np], a[kk], bm[0], bm[1]);
+      mma_f16(acc[2 * np + 1], a[kk], bm[2], bm[3]);
+    }
 }
 
 // bf16 halves of a packed pair as floats
@@ -198,19 +200,19 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  if (c_beg < c_end) t_load(tbuf(smraw, (int)(c_beg & 1)), p, h, hv, v0, t_geo(c_beg, c_beg, bos, eos));
+  if (c_beg < c_end) t_load(tbuf(smraw, (int)(c_beg & 1)), p, h, hv, v0, chunk_geo(c_beg, c_beg, bos, eos));
   cp_async_commit();
   for (int64_t c = c_beg; c < c_end; ++c) {
-    const TGeo g = t_geo(c, c_beg, bos, eos);
+    const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
     const int L = g.L;
     const TBuf b = tbuf(smraw, (int)(c & 1));
     cp_async_wait<0>();
     __syncthreads();  // chunk c's operands landed; everyone is done with chunk c-1's buffer and o tile
     if (stage_o && c > c_beg) {
-      const TGeo gp = t_geo(c - 1, c_beg, bos, eos);
+      const ChunkGeo gp = chunk_geo(c - 1, c_beg, bos, eos);
       flush_o(Ob + ((c - 1) & 1) * kVT, gp.t0, gp.L);
     }
-    if (c + 1 < c_end) t_load(tbuf(smraw, (int)((c + 1) & 1)), p, h, hv, v0, t_geo(c + 1, c_beg, bos, eos));
+    if (c + 1 < c_end) t_load(tbuf(smraw, (int)((c + 1) & 1)), p, h, hv, v0, chunk_geo(c + 1, c_beg, bos, eos));
     cp_async_commit();
 
     // X^T = S^T K^T and O1^T = S^T Q^T: A = S^T from registers, B = K / Q rows ([n][k] storage)
@@ -264,15 +266,7 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
     // D^T = Y^T T^T (T[r'][r] = 0 for r's 16-block above r''s: skipped)
     float d[8][4];
     zero_acc(d);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int np = kk; np < 4; ++np) {
-        uint32_t bt[4];
-        ldsm_x4(bt, b.T + bn_off_sw<C>(16 * kk, 16 * np, lane));
-        mma_f16(d[2 * np], ya[kk], bt[0], bt[1]);
-        mma_f16(d[2 * np + 1], ya[kk], bt[2], bt[3]);
-      }
+    mma_lower_t(d, ya, b.T, lane);
     // D (rows >= L selected to 0) and D' = diag(dec) D as A fragments
     uint32_t da[4][4], dpa[4][4];
 #pragma unroll
@@ -302,15 +296,7 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
       o[nn][2] *= fq.x;
       o[nn][3] *= fq.y;
     }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int np = kk; np < 4; ++np) {
-        uint32_t bp[4];
-        ldsm_x4(bp, b.P + bn_off_sw<C>(16 * kk, 16 * np, lane));
-        mma_f16(o[2 * np], da[kk], bp[0], bp[1]);
-        mma_f16(o[2 * np + 1], da[kk], bp[2], bp[3]);
-      }
+    mma_lower_t(o, da, b.P, lane);
     // o rows: each 8x8 block (rows j, columns r) transposed in registers, so that the lane holds
     // the bf16 pair (row r = 8 nn + gq, columns j = 8 hh + 2 tq, +1)
     uint32_t ot[8][2];
@@ -361,7 +347,7 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
   cp_async_wait<0>();
   if (stage_o && c_beg < c_end) {  // the last chunk's o tile
     __syncthreads();
-    const TGeo gp = t_geo(c_end - 1, c_beg, bos, eos);
+    const ChunkGeo gp = chunk_geo(c_end - 1, c_beg, bos, eos);
     flush_o(Ob + ((c_end - 1) & 1) * kVT, gp.t0, gp.L);
   }
   if (p.ht) {
