@@ -30,7 +30,6 @@ __global__ void gdn_bwd_chunk_kernel(KParams p);
 size_t seq_smem_bytes();
 size_t prep_smem_bytes();
 size_t bwd_smem_bytes();
-__global__ void gdn_group_reduce_kernel(KParams p);
 __global__ void gdn_param_reduce_kernel(KParams p);
 }  // namespace detail
 
@@ -46,8 +45,16 @@ void check_cuda(cudaError_t e, const char* what) {
 
 size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
 
+// bwd_chunk's grid is at most this many blocks (one per SM), each with its own slot of running
+// dq/dk sums in the workspace: a fixed cap, so that the workspace size needs no device query.
+constexpr int64_t kMaxBwdChunkBlocks = 256;
+int64_t bwd_chunk_slots(const GdnProblem& p) {
+  const int64_t groups = p.num_chunks * p.H;
+  return groups < kMaxBwdChunkBlocks ? groups : kMaxBwdChunkBlocks;
+}
+
 struct Layout {
-  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, dqh, dkh, part, total_fwd, total_bwd;
+  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, gacc, part, total_fwd, total_bwd;
 };
 
 Layout layout(const GdnProblem& p) {
@@ -78,8 +85,7 @@ Layout layout(const GdnProblem& p) {
   l.dhs = take(NT * HV * KV * planes);
   l.Dl = take(NT * HV * C * DV * planes);
   l.dDl = take(NT * HV * C * DV * planes);
-  l.dqh = take(T * HV * DK * f);
-  l.dkh = take(T * HV * DK * f);
+  l.gacc = take((size_t)bwd_chunk_slots(p) * 2 * C * DK * f);
   l.part = take(NT * HV * 2 * f);
   l.total_bwd = off;
   return l;
@@ -130,8 +136,7 @@ KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
     k.dhs = reinterpret_cast<__nv_bfloat16*>(w + l.dhs);
     k.Dl = reinterpret_cast<__nv_bfloat16*>(w + l.Dl);
     k.dDl = reinterpret_cast<__nv_bfloat16*>(w + l.dDl);
-    k.dqh = reinterpret_cast<float*>(w + l.dqh);
-    k.dkh = reinterpret_cast<float*>(w + l.dkh);
+    k.gacc = reinterpret_cast<float*>(w + l.gacc);
     k.part = reinterpret_cast<float*>(w + l.part);
   }
   return k;
@@ -335,7 +340,12 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
   k.dg = io.dg; k.dbeta = io.dbeta; k.dA_log = io.dA_log; k.ddt = io.ddt_bias; k.dh0 = io.d_initial_state;
   k.vec_do = aligned16(io.dO, io.do_st, io.do_sh);
   const size_t pair_bytes = io.grad_dtype == DType::F32 ? 8 : 4;
-  k.pair_dv = io.dv && reinterpret_cast<uintptr_t>(io.dv) % pair_bytes == 0 && io.dv_st % 2 == 0 && io.dv_sh % 2 == 0;
+  const auto pairs_ok = [&](const void* ptr, int64_t st, int64_t sh) {
+    return ptr && reinterpret_cast<uintptr_t>(ptr) % pair_bytes == 0 && st % 2 == 0 && sh % 2 == 0;
+  };
+  k.pair_dv = pairs_ok(io.dv, io.dv_st, io.dv_sh);
+  k.pair_dq = pairs_ok(io.dq, io.dq_st, io.dq_sh);
+  k.pair_dk = pairs_ok(io.dk, io.dk_st, io.dk_sh);
   Prof pr(s);
   launch_common_fwd(k, p, s, pr, false);
   if (p.num_seqs > 0) {
@@ -347,18 +357,12 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
   }
   if (p.num_chunks > 0) {
     set_smem(gdn_bwd_chunk_kernel, bwd_smem_bytes(), 3);
-    // persistent: one block per SM (shared memory allows no second), items in launch order
-    const int64_t items = p.num_chunks * p.HV;
-    const int64_t blocks = items < sm_count() ? items : sm_count();
+    // persistent: one block per SM (shared memory allows no second), groups in launch order
+    const int64_t slots = bwd_chunk_slots(p);
+    const int64_t blocks = slots < sm_count() ? slots : sm_count();
     gdn_bwd_chunk_kernel<<<grid1d(blocks, "bwd_chunk"), 512, bwd_smem_bytes(), s>>>(k);
     check_launch("gdn_bwd_chunk_kernel");
     pr.mark("bwd_chunk");
-  }
-  if (p.total_tokens > 0) {
-    const int64_t warps = 2 * p.total_tokens * p.H;
-    gdn_group_reduce_kernel<<<grid1d((warps * 32 + 255) / 256, "group_reduce"), 256, 0, s>>>(k);
-    check_launch("gdn_group_reduce_kernel");
-    pr.mark("group_reduce");
   }
   if (p.gate_fused && (io.dA_log || io.ddt_bias)) {
     gdn_param_reduce_kernel<<<grid1d(p.HV, "param_reduce"), 256, 0, s>>>(k);

@@ -1,9 +1,9 @@
 // Backward kernels of the chunked gated delta rule:
 //   (the reverse sequential pass, dh_body of gdn_state_dh_kernel, is in gdn_seq.cu)
-//   gdn_bwd_chunk_kernel  persistent, one (chunk, value head) item at a time: dq/dk per value
-//                         head (fp32 scratch), dv, dbeta, dgamma -> dg (chunk-local reverse
-//                         cumsum), fused gate/beta grads.
-//   gdn_group_reduce_kernel  per (token, key head): sum dq/dk over the value-head group, l2norm bwd.
+//   gdn_bwd_chunk_kernel  persistent, one (chunk, key head) group at a time, its value heads in
+//                         order: dv, dbeta, dgamma -> dg (chunk-local reverse cumsum), fused
+//                         gate/beta grads per value head; dq/dk summed over the group and the
+//                         l2norm backward after the last value head.
 //   gdn_param_reduce_kernel  per value head: dA_log, ddt_bias from per-chunk partials.
 #include "gdn_common.cuh"
 #include "gdn_kernels.cuh"
@@ -24,7 +24,7 @@ constexpr int LDW = DK + 8;   // dW plane row stride (bf16)
 // post-loop view of the union (floats): KK, Pg, dT scratch; XpA, XpB plane pairs; dW planes; M1, G
 constexpr int kPostF = 3 * C * LDC + 2 * C * C + C * LDW + 2 * C * LDC;
 constexpr int kUnion = (kSliceEl > kPostF) ? kSliceEl : kPostF;  // two bf16 slice buffers = kSliceEl floats
-constexpr int kBwdSmemF = C * LDKB + 2 * C + C * C + kUnion + 18 * C + 8;
+constexpr int kBwdSmemF = C * LDKB + 2 * C + C * C + kUnion + 26 * C + 8;
 
 size_t bwd_smem_bytes() { return (size_t)kBwdSmemF * sizeof(float); }
 
@@ -34,7 +34,12 @@ size_t bwd_smem_bytes() { return (size_t)kBwdSmemF * sizeof(float); }
 // so each slice is a plain cp.async copy, issued one slice ahead into the other buffer. The WY
 // part after the loop runs on the same planes (KK^T and QK^T: exact raw bf16 products,
 // mma_raw_rows).
-__device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int64_t bid) {
+//
+// dq and dk of key head h are sums over its G value heads: the block runs them in order (j = 0..G-1,
+// gdn_bwd_chunk_kernel) and carries the running sums in its own slot of p.gacc, in fragment order,
+// so each thread reads back only what it wrote itself (no barrier) and the slot stays in L2.
+// After the last value head it applies the l2norm backward and stores dq, dk.
+__device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int64_t bid, int j) {
   GDN_PH_START
   __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][LDKB]
   __nv_bfloat16* Qb = Kb + C * LDKB;
@@ -65,6 +70,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   float* rks = dbt + C;          // [C]
   float* red = rks + C;          // [C] + 8
   float* rp2 = red + C + 8;      // [4][C]
+  float* dotq = rp2 + 4 * C;     // [4][C] l2norm backward: row dots of the group's dq, dk with q, k
+  float* dotk = dotq + 4 * C;    // [4][C]
 
   const int hv = (int)(bid % p.HV);
   const int64_t c = bid / p.HV;
@@ -76,7 +83,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int wr = warp & 3, wc = warp >> 2;
 
-  load_qk_tiles<kBwdThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L);  // raw q/k (exact bf16) + l2norm scales
+  if (j == 0) load_qk_tiles<kBwdThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L);  // raw q/k (exact bf16) + l2norm scales (kept for the group)
   // normalised q/k values (raw x l2norm scale) for the row dots of the dgamma sums
   auto Kn = [&](int r, int cc) { return __bfloat162float(Kb[r * LDKB + cc]) * rsK[r]; };
   auto Qn = [&](int r, int cc) { return __bfloat162float(Qb[r * LDKB + cc]) * rsQ[r]; };
@@ -91,6 +98,39 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   }
 
   float aQ[4][4], aKs[4][4], aW[4][4], aPD[2][4], aT[2][4];
+  // Adds the group's running sum (slot `which`: 0 dq, 1 dk) to a, and keeps the new sum there.
+  // (Measured on the H200: loading the sum earlier, into registers, spilled and cost 0.2 ms; adding
+  // into a [T,H,K] scratch with red.global instead of this slot, 0.06 ms.)
+  const auto slot = [&](int which) {  // (formed where used: a pointer live across the V loop spills)
+    return reinterpret_cast<float4*>(p.gacc) + ((int64_t)blockIdx.x * 2 + which) * (C * DK / 4) + threadIdx.x;
+  };
+  const auto carry = [&](float (&a)[4][4], int which, bool keep) {
+    float4* const s = slot(which);
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      if (j > 0) {
+        const float4 x = s[n * kBwdThreads];
+        a[n][0] += x.x; a[n][1] += x.y; a[n][2] += x.z; a[n][3] += x.w;
+      }
+      if (keep) s[n * kBwdThreads] = make_float4(a[n][0], a[n][1], a[n][2], a[n][3]);
+    }
+  };
+  // l2norm backward, first half: the row dots of the group sum with the normalised rows, by quarter row
+  const auto l2_dots = [&](float (&a)[4][4], float* dots, const auto& X) {
+    float d0, d1;
+    frag_rowdot(a, [&](int r, int cc) { return X(16 * wr + r, 32 * wc + cc); }, d0, d1);
+    if (tq == 0) {
+      dots[wc * C + 16 * wr + gq] = d0;
+      dots[wc * C + 16 * wr + gq + 8] = d1;
+    }
+  };
+  // second half (after a barrier): dx = rs (dy - (dy . y) y), y the normalised row
+  const auto l2_apply = [&](float (&a)[4][4], const float* dots, const float* rs, const auto& X) {
+    for_frag(a, [&](int r, int cc, float& x) {
+      r += 16 * wr;
+      x = rs[r] * (x - (dots[r] + dots[C + r] + dots[2 * C + r] + dots[3 * C + r]) * X(r, 32 * wc + cc));
+    });
+  };
   zero_acc(aQ); zero_acc(aKs); zero_acc(aW); zero_acc(aPD); zero_acc(aT);
   float frob = 0.f;
   static_assert(2 * DK * BV / 8 == 2 * kBwdThreads && 2 * C * BV / 8 == kBwdThreads, "slice/threads");
@@ -238,22 +278,9 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         dbp[wc * C + 16 * wr + gq] += r0;
         dbp[wc * C + 16 * wr + gq + 8] += r1;
       }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = 16 * wr + gq + 8 * hh, j = 8 * wc + 2 * tq;
-        if (r >= L) continue;
-        const float x0 = bet[r] * acc[0][2 * hh], x1 = bet[r] * acc[0][2 * hh + 1];
-        const int64_t o = (t0 + r) * p.dv_st + (int64_t)hv * p.dv_sh + v0 + j;
-        if (p.pair_dv) {
-          if (p.gdt == 1)
-            *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.dv) + o) = __floats2bfloat162_rn(x0, x1);
-          else
-            *reinterpret_cast<float2*>(static_cast<float*>(p.dv) + o) = make_float2(x0, x1);
-        } else {
-          st_any(p.dv, p.gdt, o, x0);
-          st_any(p.dv, p.gdt, o + 1, x1);
-        }
-      }
+      for_frag(acc, [&](int r, int, float& x) { x *= bet[16 * wr + r]; });
+      store_grad_rows(p.dv, p.gdt, t0 * p.dv_st + (int64_t)hv * p.dv_sh + v0, p.dv_st, acc, 16 * wr, 8 * wc, L,
+                      p.pair_dv);
     }
     GDN_PH(4);
   }
@@ -359,7 +386,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // dQ += Pg K (final for this value head)
   // (the l2norm scale of K is folded into A so that B is the exact raw bf16 K: 2 MMAs)
   mma_planes64_raw<false, LDKB>(aQ, XpA, 16 * wr, Kb, 32 * wc);
-  store_rows_f2(p.dqh + (t0 * p.HV + hv) * DK, (int64_t)p.HV * DK, aQ, 16 * wr, 32 * wc, L);
+  carry(aQ, 0, true);  // (after the last value head too: read back at the end of the item)
+  if (j == p.G - 1 && p.l2norm) l2_dots(aQ, dotq, Qn);
   // dK_direct = dK_state + Pg^T Q
   mma_planes64_raw<true, LDKB>(aKs, XpB, 16 * wr, Qb, 32 * wc);
   GDN_PH(7);
@@ -515,8 +543,20 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   __syncthreads();
   GDN_PH(12);
   mma_planes64_raw<false, LDKB>(aKs, XpB, 16 * wr, Kb, 32 * wc);
-  store_rows_f2(p.dkh + (t0 * p.HV + hv) * DK, (int64_t)p.HV * DK, aKs, 16 * wr, 32 * wc, L);
+  carry(aKs, 1, j < p.G - 1);
+  if (j == p.G - 1 && p.l2norm) l2_dots(aKs, dotk, Kn);
   __syncthreads();
+  if (j == p.G - 1) {  // the group's dq, dk are complete
+    if (p.l2norm) l2_apply(aKs, dotk, rsK, Kn);
+    store_grad_rows(p.dk, p.gdt, t0 * p.dk_st + (int64_t)h * p.dk_sh, p.dk_st, aKs, 16 * wr, 32 * wc, L, p.pair_dk);
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const float4 x = slot(0)[n * kBwdThreads];
+      aQ[n][0] = x.x; aQ[n][1] = x.y; aQ[n][2] = x.z; aQ[n][3] = x.w;
+    }
+    if (p.l2norm) l2_apply(aQ, dotq, rsQ, Qn);
+    store_grad_rows(p.dq, p.gdt, t0 * p.dq_st + (int64_t)h * p.dq_sh, p.dq_st, aQ, 16 * wr, 32 * wc, L, p.pair_dq);
+  }
   GDN_PH(13);
   if (warp == 0) {  // lane owns rows 2*lane, 2*lane+1; fixed-order warp reductions and scan
     float fr = lane < kBwdThreads / 32 ? red[lane] : 0.f;
@@ -586,57 +626,19 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   GDN_PH(14);
 }
 
-// Persistent: one block per SM walks the items (chunk, value head) in launch order (measured
-// 0.025 ms faster than one block per item at 1x8192; an L2 prefetch of the next item's first
-// slices during the WY part gained nothing on top).
+// Persistent: one block per SM walks the groups (chunk, key head) in launch order, each group's
+// value heads in order (measured 0.025 ms faster than one block per item at 1x8192; an L2
+// prefetch of the next item's first slices during the WY part gained nothing on top).
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
   extern __shared__ __align__(128) float sm[];
-  const int64_t items = p.NT * p.HV;
-  for (int64_t bid = blockIdx.x; bid < items; bid += gridDim.x) {
-    bwd_chunk_item(p, sm, bid);
-    __syncthreads();  // the next item reuses the shared memory
-  }
-}
-
-// One warp per (token, key head): sum dq/dk over the value-head group, l2norm backward.
-__global__ void gdn_group_reduce_kernel(KParams p) {
-  const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (w >= 2 * p.T * p.H) return;
-  const bool isk = w >= p.T * p.H;
-  const int64_t r = isk ? w - p.T * p.H : w;
-  const int64_t t = r / p.H;
-  const int h = (int)(r % p.H);
-  const float* src = isk ? p.dkh : p.dqh;
-  // lane owns the 4 consecutive columns 4*lane..4*lane+3 (16-byte loads; workspace is aligned)
-  float dy[4], y[4];
-  {
-    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int64_t groups = p.NT * p.H;
+  for (int64_t gi = blockIdx.x; gi < groups; gi += gridDim.x) {
+    const int64_t first = (gi / p.H) * p.HV + (gi % p.H) * p.G;  // item (chunk, value head G h)
     for (int j = 0; j < p.G; ++j) {
-      const float4 b = __ldg(reinterpret_cast<const float4*>(src + (t * p.HV + (int64_t)h * p.G + j) * DK) + lane);
-      a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w;
+      bwd_chunk_item(p, sm, first + j, j);
+      __syncthreads();  // the next item reuses the shared memory
     }
-    dy[0] = a.x; dy[1] = a.y; dy[2] = a.z; dy[3] = a.w;
   }
-  if (p.l2norm) {
-    const void* x = isk ? p.k : p.q;
-    const int64_t base = t * (isk ? p.k_st : p.q_st) + (int64_t)h * (isk ? p.k_sh : p.q_sh);
-    const float rs = (isk ? p.rk : p.rq)[r];
-    float dot = 0.f;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      y[e] = ld_bf16(x, base + 4 * lane + e) * rs;
-      dot += dy[e] * y[e];
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dy[e] = rs * (dy[e] - dot * y[e]);
-  }
-  void* dst = isk ? p.dk : p.dq;
-  const int64_t ob = t * (isk ? p.dk_st : p.dq_st) + (int64_t)h * (isk ? p.dk_sh : p.dq_sh);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) st_any(dst, p.gdt, ob + 4 * lane + e, dy[e]);
 }
 
 // One block per value head: dA_log, ddt_bias = sums of per-chunk partials (fixed order).

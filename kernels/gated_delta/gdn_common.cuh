@@ -140,19 +140,38 @@ __device__ __forceinline__ void frag_rowdot(float (&acc)[NT8][4], FX X, float& r
   r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
 }
 
-// Stores a warp's m16 x (8*NT8) fp32 accumulator tile at (r0, c0) of a row-major fp32 matrix
-// (row stride ld elements, 8-byte aligned rows) as float2 pairs; rows >= L are skipped.
+__device__ __forceinline__ void st_any(void* p, int dtype, int64_t i, float v) {
+  if (dtype == 1)
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  else
+    static_cast<float*>(p)[i] = v;
+}
+
+// Stores a warp's m16 x (8*NT8) fp32 accumulator tile at rows r0.., columns c0.. of a gradient
+// matrix whose element (r, c) is base[off + r * st + c] (dtype 1: bf16, 0: fp32): as element
+// pairs when `pair` (pointer, strides and off allow 4- or 8-byte stores), else one element at a
+// time; rows >= L are skipped.
 template <int NT8>
-__device__ __forceinline__ void store_rows_f2(float* base, int64_t ld, const float (&acc)[NT8][4], int r0,
-                                              int c0, int L) {
+__device__ __forceinline__ void store_grad_rows(void* base, int dtype, int64_t off, int64_t st,
+                                                const float (&acc)[NT8][4], int r0, int c0, int L, bool pair) {
   const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int r = r0 + gq + 8 * hh;
     if (r >= L) continue;
 #pragma unroll
-    for (int n = 0; n < NT8; ++n)
-      *reinterpret_cast<float2*>(base + r * ld + c0 + n * 8 + 2 * tq) = make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+    for (int n = 0; n < NT8; ++n) {
+      const int64_t o = off + r * st + c0 + n * 8 + 2 * tq;
+      const float x0 = acc[n][2 * hh], x1 = acc[n][2 * hh + 1];
+      if (pair && dtype == 1) {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + o) = __floats2bfloat162_rn(x0, x1);
+      } else if (pair) {
+        *reinterpret_cast<float2*>(static_cast<float*>(base) + o) = make_float2(x0, x1);
+      } else {
+        st_any(base, dtype, o, x0);
+        st_any(base, dtype, o + 1, x1);
+      }
+    }
   }
 }
 
@@ -161,12 +180,6 @@ __device__ __forceinline__ float ld_bf16(const void* p, int64_t i) {
 }
 __device__ __forceinline__ float ld_any(const void* p, int dtype, int64_t i) {
   return dtype == 1 ? ld_bf16(p, i) : static_cast<const float*>(p)[i];
-}
-__device__ __forceinline__ void st_any(void* p, int dtype, int64_t i, float v) {
-  if (dtype == 1)
-    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-  else
-    static_cast<float*>(p)[i] = v;
 }
 
 }  // namespace qrun::gdn::detail

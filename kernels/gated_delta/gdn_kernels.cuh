@@ -42,7 +42,8 @@ struct KParams {
   // [NT,HV,NVS,2,rows,BV] so that bwd_chunk copies them into shared memory with cp.async
   __nv_bfloat16* hs; __nv_bfloat16* dhs;  // rows = K: S entering / dS leaving each chunk
   __nv_bfloat16* Dl; __nv_bfloat16* dDl;  // rows = C: Delta, dDelta (rows >= L zero)
-  float* dqh; float* dkh;    // [T,HV,K]
+  float* gacc;               // [bwd_chunk blocks][2][C*K]: each block's running dq, dk sums over
+                             // a key head's value-head group (fragment order, see bwd_chunk_item)
   float* part;               // [NT,HV,2]
   // forward outputs
   void* o; int64_t o_st, o_sh;
@@ -57,8 +58,8 @@ struct KParams {
   float* dg; float* dbeta; float* dA_log; float* ddt; float* dh0;
   // 16-byte vector loads allowed (pointer and strides aligned)
   int vec_q, vec_k, vec_v, vec_do;
-  // dv rows may be written as element pairs (4 or 8 bytes; pointer and strides allow it)
-  int pair_dv;
+  // dv, dq, dk rows may be written as element pairs (4 or 8 bytes; pointer and strides allow it)
+  int pair_dv, pair_dq, pair_dk;
   int pair_o;   // o rows may be written as bf16 pairs (4 bytes)
   int vec_o;    // o rows may be written as 16-byte pieces (pointer and strides aligned)
 };

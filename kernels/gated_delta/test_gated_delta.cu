@@ -49,6 +49,7 @@ struct Case {
   bool h0 = false, dht = false, strided = false;
   int pad = 0;  // extra elements per token row of the fused q|k|v buffer (odd: no 16-byte loads)
   int opad = 0;  // extra elements per token row of o: 1 = 2-byte stores, 2 = 4-byte pairs (no staged rows)
+  int gpad = 0;  // extra elements per token row of dq, dk, dv: 1 = element stores, 2 = pairs
   DType grad = DType::F32;
   bool bf16x2_fwd = false;  // the bf16x2 forward (fast_forward = false) instead of fp16 operands
   float v_scale = 1.f;      // v ~ v_scale * N(0, 1): far from 1 it drives fp16 out of range
@@ -247,15 +248,17 @@ int run_case(const Case& cs, uint64_t seed, double& worst) {
   float* d_dht = cs.dht ? upload(dht) : nullptr;
   io.dO = d_dO; io.do_st = (int64_t)HV * V; io.do_sh = V; io.d_final_state = d_dht;
   io.grad_dtype = cs.grad;
-  io.dq = dalloc<char>(T * H * K * gsz); io.dq_st = (int64_t)H * K; io.dq_sh = K;
-  io.dk = dalloc<char>(T * H * K * gsz); io.dk_st = (int64_t)H * K; io.dk_sh = K;
-  io.dv = dalloc<char>(T * HV * V * gsz); io.dv_st = (int64_t)HV * V; io.dv_sh = V;
+  // gradient rows of H*K (HV*V) elements plus cs.gpad elements of padding that must stay untouched
+  const int64_t qk_st = (int64_t)H * K + cs.gpad, v_st = (int64_t)HV * V + cs.gpad;
+  io.dq = dalloc<char>(T * qk_st * gsz); io.dq_st = qk_st; io.dq_sh = K;
+  io.dk = dalloc<char>(T * qk_st * gsz); io.dk_st = qk_st; io.dk_sh = K;
+  io.dv = dalloc<char>(T * v_st * gsz); io.dv_st = v_st; io.dv_sh = V;
   io.dg = dalloc<float>(T * HV); io.dbeta = dalloc<float>(T * HV);
   io.dA_log = dalloc<float>(HV); io.ddt_bias = dalloc<float>(HV);
   io.d_initial_state = dalloc<float>(nS);
   CK(cudaMemset(ws, 0xff, std::max(ws_f, ws_b)));
-  CK(cudaMemset(io.dq, 0xff, T * H * K * gsz)); CK(cudaMemset(io.dk, 0xff, T * H * K * gsz));
-  CK(cudaMemset(io.dv, 0xff, T * HV * V * gsz));
+  CK(cudaMemset(io.dq, 0xff, T * qk_st * gsz)); CK(cudaMemset(io.dk, 0xff, T * qk_st * gsz));
+  CK(cudaMemset(io.dv, 0xff, T * v_st * gsz));
   CK(cudaMemset(io.dg, 0xff, T * HV * 4)); CK(cudaMemset(io.dbeta, 0xff, T * HV * 4));
   CK(cudaMemset(io.dA_log, 0xff, HV * 4)); CK(cudaMemset(io.ddt_bias, 0xff, HV * 4));
   CK(cudaMemset(io.d_initial_state, 0xff, nS * 4));
@@ -280,9 +283,20 @@ int run_case(const Case& cs, uint64_t seed, double& worst) {
     std::vector<double> got(items[0].got.begin() + b, items[0].got.begin() + e);
     items.push_back({"o[tiny seq]", got, &o_tiny_ref, true});
   }
-  items.push_back({"dq", download(io.dq, T * H * K, cs.grad), &rg.dq, gb});
-  items.push_back({"dk", download(io.dk, T * H * K, cs.grad), &rg.dk, gb});
-  items.push_back({"dv", download(io.dv, T * HV * V, cs.grad), &rg.dv, gb});
+  // the rows without their padding (which keeps its NaN fill unless a store strayed there)
+  size_t g_pad_written = 0;
+  const auto grad_rows = [&](const void* d, int64_t width, int64_t st) {
+    const std::vector<double> all = download(d, T * st, cs.grad);
+    std::vector<double> rows(T * width);
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy_n(all.begin() + t * st, width, rows.begin() + t * width);
+      for (int64_t e = width; e < st; ++e) g_pad_written += !std::isnan(all[t * st + e]);
+    }
+    return rows;
+  };
+  items.push_back({"dq", grad_rows(io.dq, (int64_t)H * K, qk_st), &rg.dq, gb});
+  items.push_back({"dk", grad_rows(io.dk, (int64_t)H * K, qk_st), &rg.dk, gb});
+  items.push_back({"dv", grad_rows(io.dv, (int64_t)HV * V, v_st), &rg.dv, gb});
   items.push_back({cs.gate_fused ? "da" : "dg", download(io.dg, T * HV, DType::F32), &rg.dg, false});
   items.push_back({cs.beta_sigmoid ? "db" : "dbeta", download(io.dbeta, T * HV, DType::F32), &rg.dbeta, false});
   if (cs.gate_fused) {
@@ -297,6 +311,11 @@ int run_case(const Case& cs, uint64_t seed, double& worst) {
   if (o_pad_written) {
     ok = false;
     std::snprintf(buf, sizeof buf, " o padding written (%zu elements)!", o_pad_written);
+    line += buf;
+  }
+  if (g_pad_written) {
+    ok = false;
+    std::snprintf(buf, sizeof buf, " gradient row padding written (%zu elements)!", g_pad_written);
     line += buf;
   }
   for (auto& it : items) {
@@ -380,6 +399,9 @@ int main() {
     c.v_scale = 0x1p17f; c.want_fallback = true; add(c); }
   // o rows that allow no 16-byte stores (the fast forward's unstaged path; sanitizers too)
   { Case c; c.name = "quick_o_rows_pairs"; c.lens = {1, 65, 130}; c.H = 1; c.HV = 2; c.l2 = true; c.opad = 2; add(c); }
+  // gradient rows with element stores (sanitizers too)
+  { Case c; c.name = "quick_grad_rows_scalar"; c.lens = {1, 65, 130}; c.H = 1; c.HV = 3; c.l2 = true; c.gpad = 1;
+    c.grad = DType::BF16; add(c); }
   if (!quick) {
     for (int L : {1, 2, 3, 63, 64, 65, 127, 200}) {
       Case c; c.name = "single_L" + std::to_string(L); c.lens = {L}; c.H = 1; c.HV = 1; add(c);
@@ -401,6 +423,10 @@ int main() {
     { Case c; c.name = "o_rows_scalar"; c.lens = rnd_lens(3, 1, 300); c.H = 1; c.HV = 2; c.gate_fused = true; c.opad = 1; add(c); }
     { Case c; c.name = "o_rows_scalar_bf16x2"; c.lens = rnd_lens(3, 1, 300); c.H = 1; c.HV = 2; c.opad = 1;
       c.bf16x2_fwd = true; add(c); }
+    // gradient rows (dq, dk, dv) that allow no pair stores, then 4-byte pairs (rows not 16-byte aligned)
+    { Case c; c.name = "grad_rows_scalar"; c.lens = rnd_lens(3, 1, 300); c.H = 2; c.HV = 6; c.l2 = true; c.gpad = 1; add(c); }
+    { Case c; c.name = "grad_rows_pairs_bf16"; c.lens = rnd_lens(3, 1, 300); c.H = 1; c.HV = 3; c.gate_fused = true;
+      c.gpad = 2; c.grad = DType::BF16; add(c); }
     { Case c; c.name = "empty_seqs_only"; c.lens = {0, 0}; c.H = 1; c.HV = 2; c.gate_fused = true; c.h0 = c.dht = true; add(c); }
     { Case c; c.name = "random_fresh"; c.lens = rnd_lens(1 + (int)(lrng() % 20), 0, 400); c.H = 1 + (int)(lrng() % 2);
       c.HV = c.H * (1 + (int)(lrng() % 3)); c.gate_kind = (int)(lrng() % 3); c.l2 = lrng() & 1; c.gate_fused = lrng() & 1;
