@@ -83,6 +83,25 @@ struct AbsMax {
     return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(m)));
   }
 };
+// The same over fp16 pairs as packed for the MMAs (the state kernel's operands), one instruction
+// per pair: max.xorsign.abs keeps, per half, the larger magnitude (its sign is meaningless here)
+// and .NaN keeps a NaN. It sees the fp16-rounded values: an overflow shows as inf (>= 2^15, fails
+// like before), and a value just below a bound may round onto it (2^15 fails; 2^-12 passes: the
+// error bound above holds to within one fp16 ulp there).
+struct AbsMaxH2 {
+  uint32_t m = 0;
+  __device__ __forceinline__ void add(uint32_t h2) {
+    asm("max.NaN.xorsign.abs.f16x2 %0, %0, %1;" : "+r"(m) : "r"(h2));
+  }
+  __device__ __forceinline__ float warp_max() const {
+    const __half2 h = *reinterpret_cast<const __half2*>(&m);
+    const float a = fabsf(__low2float(h)), b = fabsf(__high2float(h));
+    AbsMax f;
+    f.add(a);
+    f.add(b);
+    return f.warp_max();
+  }
+};
 
 // Packs (x, y) as bf16x2 (x in the low half) hi and lo planes.
 __device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t& lo) {

@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
       for (int e = 0; e < 4; ++e)
         st[nn][e] = h0 ? h0[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] : 0.f;
   }
-  AbsMax mS, mY, mD;  // F16 guard: largest |x| of the S, Y and D (and D') operands
+  AbsMaxH2 mS, mY, mD;  // F16 guard: largest |x| of the S, Y and D (and D') operands
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
@@ -224,10 +224,10 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
       uint32_t a[4];
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) mS.add(st[2 * kk + u][e]);
         a[2 * u] = pack_h2(st[2 * kk + u][0], st[2 * kk + u][1]);
         a[2 * u + 1] = pack_h2(st[2 * kk + u][2], st[2 * kk + u][3]);
+        mS.add(a[2 * u]);
+        mS.add(a[2 * u + 1]);
       }
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
@@ -257,9 +257,8 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
           const uint32_t vv = va[2 * u + hh];
           const float y0 = r < L ? fb.x * bf_lo(vv) - fx.x * x[nn][2 * hh] : 0.f;
           const float y1 = r + 1 < L ? fb.y * bf_hi(vv) - fx.y * x[nn][2 * hh + 1] : 0.f;
-          mY.add(y0);
-          mY.add(y1);
           ya[kk][2 * u + hh] = pack_h2(y0, y1);
+          mY.add(ya[kk][2 * u + hh]);
         }
       }
     }
@@ -279,12 +278,10 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
         for (int hh = 0; hh < 2; ++hh) {
           const float d0 = r < L ? d[nn][2 * hh] : 0.f, d1 = r + 1 < L ? d[nn][2 * hh + 1] : 0.f;
           const float e0 = dc.x * d0, e1 = dc.y * d1;
-          mD.add(d0);
-          mD.add(d1);
-          mD.add(e0);
-          mD.add(e1);
           da[kk][2 * u + hh] = pack_h2(d0, d1);
           dpa[kk][2 * u + hh] = pack_h2(e0, e1);
+          mD.add(da[kk][2 * u + hh]);
+          mD.add(dpa[kk][2 * u + hh]);
         }
       }
     // O^T = O1^T diag(e^gam rsQ) + D^T P^T (P lower triangular including the diagonal)
