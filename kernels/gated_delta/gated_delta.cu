@@ -205,8 +205,8 @@ unsigned grid1d(int64_t blocks, const char* what) {
 // the l2norm scales: the fast forward computed them already.
 void launch_common_fwd(const KParams& k, const GdnProblem& p, cudaStream_t s, Prof& pr, bool f16) {
   if (p.qk_l2norm && p.total_tokens > 0 && !k.run_if) {
-    const int64_t warps = 2 * p.total_tokens * p.H;
-    gdn_l2norm_rstd_kernel<<<grid1d((warps * 32 + 255) / 256, "l2norm"), 256, 0, s>>>(k);
+    const dim3 grid(grid1d((p.total_tokens + kRstdTokens - 1) / kRstdTokens, "l2norm"), (unsigned)(2 * p.H));
+    gdn_l2norm_rstd_kernel<<<grid, kRstdThreads, 0, s>>>(k);
     check_launch("gdn_l2norm_rstd_kernel");
     pr.mark("l2norm_rstd");
   }
@@ -252,6 +252,7 @@ void gdn_check_problem(const GdnProblem& p) {
   if (p.K != 128 || p.V != 128)
     fail("only K = V = 128 is supported (got K = " + std::to_string(p.K) + ", V = " + std::to_string(p.V) + ")");
   if (p.H <= 0 || p.HV <= 0 || p.HV % p.H != 0) fail("HV must be a positive multiple of H");
+  if (p.H > 32767) fail("too many key heads (H must be at most 32767)");  // (grid.y = 2H of the l2norm kernel)
   if ((int64_t)p.HV * DV * C > 0x7fffffffLL) fail("too many value heads (HV * 128 * 64 must fit int32)");
   if (p.total_tokens < 0 || p.num_seqs < 0 || p.num_chunks < 0) fail("negative sizes");
   if (p.total_tokens > 0x7fffffffLL) fail("total_tokens must fit int32 (cu_seqlens is int32)");

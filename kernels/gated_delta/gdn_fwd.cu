@@ -19,24 +19,45 @@ __device__ __forceinline__ void chunk_info(const KParams& p, int64_t c, int& n, 
   L = rem < C ? (int)rem : C;
 }
 
-__global__ void gdn_l2norm_rstd_kernel(KParams p) {
-  const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (w >= 2 * p.T * p.H) return;
-  const bool isk = w >= p.T * p.H;
-  const int64_t r = isk ? w - p.T * p.H : w;
-  const int64_t t = r / p.H;
-  const int h = (int)(r % p.H);
+// grid (ceil(T / kRstdTokens), 2H): block (x, y) takes tokens x*kRstdTokens.. of key head y % H
+// of q (y < H) or k. A row of 128 bf16 is 16 pieces of 16 bytes: a half-warp per row, and each
+// thread has kRstdRows rows' loads in flight (one row per warp and 2-byte loads, as before v23,
+// left each block with one short dependent load and took 0.05 ms at 1x8192: latency, not bytes).
+__global__ void __launch_bounds__(kRstdThreads) gdn_l2norm_rstd_kernel(KParams p) {
+  const int tid = threadIdx.x, c8 = (tid & 15) * 8;
+  const bool isk = (int)blockIdx.y >= p.H;
+  const int h = isk ? (int)blockIdx.y - p.H : (int)blockIdx.y;
   const void* src = isk ? p.k : p.q;
-  const int64_t base = t * (isk ? p.k_st : p.q_st) + (int64_t)h * (isk ? p.k_sh : p.q_sh);
-  float s = 0.f;
-  for (int c = lane; c < DK; c += 32) {
-    const float x = ld_bf16(src, base + c);
-    s += x * x;
+  const int64_t st = isk ? p.k_st : p.q_st, hb = (int64_t)h * (isk ? p.k_sh : p.q_sh);
+  const bool vec = isk ? p.vec_k : p.vec_q;
+  const int64_t tb = (int64_t)blockIdx.x * kRstdTokens + (tid >> 4);
+  float s[kRstdRows];
+#pragma unroll
+  for (int i = 0; i < kRstdRows; ++i) {
+    const int64_t t = tb + i * (kRstdThreads / 16);
+    s[i] = 0.f;
+    if (t >= p.T) continue;
+    const __nv_bfloat16* x = bf16_at(src, t * st + hb + c8);
+    if (vec) {
+      const uint4 u = *reinterpret_cast<const uint4*>(x);
+      for (uint32_t w : {u.x, u.y, u.z, u.w}) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+        s[i] += f.x * f.x + f.y * f.y;
+      }
+    } else {
+      for (int e = 0; e < 8; ++e) {
+        const float f = __bfloat162float(x[e]);
+        s[i] += f * f;
+      }
+    }
   }
 #pragma unroll
-  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if (lane == 0) (isk ? p.rk : p.rq)[r] = rsqrtf(s + 1e-6f);
+  for (int i = 0; i < kRstdRows; ++i) {
+#pragma unroll
+    for (int o = 8; o; o >>= 1) s[i] += __shfl_xor_sync(0xffffffffu, s[i], o);  // within the half-warp
+    const int64_t t = tb + i * (kRstdThreads / 16);
+    if ((tid & 15) == 0 && t < p.T) (isk ? p.rk : p.rq)[t * p.H + h] = rsqrtf(s[i] + 1e-6f);
+  }
 }
 
 constexpr int kPrepThreads = 256;

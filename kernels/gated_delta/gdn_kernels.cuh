@@ -88,6 +88,9 @@ __device__ __forceinline__ ChunkGeo chunk_geo(int64_t c, int64_t c_beg, int64_t 
   return g;
 }
 
+// gdn_l2norm_rstd_kernel: threads per block, rows in flight per thread, tokens per block
+constexpr int kRstdThreads = 256, kRstdRows = 4, kRstdTokens = kRstdThreads / 16 * kRstdRows;
+
 constexpr int LDKB = DK + 8;  // row stride (bf16) of the raw q/k tiles of prep and bwd_chunk
 
 // Raw bf16 q and k rows of the chunk at token t0 (key head h) into [C][LDKB] tiles, rows >= L
