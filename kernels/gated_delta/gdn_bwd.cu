@@ -139,16 +139,17 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // cp_async_wait + __syncthreads.
   const auto load_slice = [&](int vs, __nv_bfloat16* B) {
     const int64_t so = slice_planes(c, p.HV, hv, vs, DK), co = slice_planes(c, p.HV, hv, vs, C);
+    const uint64_t once = l2_evict_first();  // (the planes are read once)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {  // S0, dS_C: [2][128][32] each
       const int v = tid + i * kBwdThreads, pl = v >> 9, r = (v >> 2) & (DK - 1), c8 = (v & 3) * 8;
-      cp_async16(B + pl * SPL + r * LDP + c8, p.hs + so + v * 8, 16);
-      cp_async16(B + 2 * SPL + pl * SPL + r * LDP + c8, p.dhs + so + v * 8, 16);
+      cp_async16_once(B + pl * SPL + r * LDP + c8, p.hs + so + v * 8, 16, once);
+      cp_async16_once(B + 2 * SPL + pl * SPL + r * LDP + c8, p.dhs + so + v * 8, 16, once);
     }
     {  // Delta, dDelta: [2][64][32] each
       const int v = tid, pl = v >> 8, r = (v >> 2) & (C - 1), c8 = (v & 3) * 8;
-      cp_async16(B + 4 * SPL + pl * CPL + r * LDP + c8, p.Dl + co + v * 8, 16);
-      cp_async16(B + 4 * SPL + 2 * CPL + pl * CPL + r * LDP + c8, p.dDl + co + v * 8, 16);
+      cp_async16_once(B + 4 * SPL + pl * CPL + r * LDP + c8, p.Dl + co + v * 8, 16, once);
+      cp_async16_once(B + 4 * SPL + 2 * CPL + pl * CPL + r * LDP + c8, p.dDl + co + v * 8, 16, once);
     }
     const int v0 = vs * BV;
     const int rb = (tid & 255) >> 2, c8 = (tid & 3) * 8;  // threads < 256: dO, the others: v
