@@ -91,6 +91,22 @@ __device__ __forceinline__ ChunkGeo chunk_geo(int64_t c, int64_t c_beg, int64_t 
 // gdn_l2norm_rstd_kernel: threads per block, rows in flight per thread, tokens per block
 constexpr int kRstdThreads = 256, kRstdRows = 4, kRstdTokens = kRstdThreads / 16 * kRstdRows;
 
+// Block bid of a sequential kernel with `slices` blocks (V slices) per (sequence, value head): its
+// slice, value head, key head and sequence.
+struct SeqBlock {
+  int vs, hv, h;
+  int64_t n;
+};
+__device__ __forceinline__ SeqBlock seq_block(const KParams& p, int64_t bid, int slices) {
+  SeqBlock b;
+  b.vs = (int)(bid % slices);
+  const int64_t rest = bid / slices;
+  b.hv = (int)(rest % p.HV);
+  b.n = rest / p.HV;
+  b.h = b.hv / p.G;
+  return b;
+}
+
 constexpr int LDKB = DK + 8;  // row stride (bf16) of the raw q/k tiles of prep and bwd_chunk
 
 // Raw bf16 q and k rows of the chunk at token t0 (key head h) into [C][LDKB] tiles, rows >= L

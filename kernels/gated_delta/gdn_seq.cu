@@ -300,11 +300,9 @@ __device__ __forceinline__ void seq_state_store(float* dst, int64_t off, const f
 // [K_c] [P_c] [Q,X,vec_{c+1}] [T_{c+1}].
 __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t bid, const SeqSmem& s) {
   constexpr int NTC = 2, NTS = 4;  // n8 tiles of a warp's 16 x 16 chunk tile / 16 x 32 state rows
-  const int vs = (int)(bid % NVS);
-  const int64_t rest = bid / NVS;
-  const int hv = (int)(rest % p.HV);
-  const int64_t n = rest / p.HV;
-  const int h = hv / p.G;
+  const SeqBlock sb = seq_block(p, bid, NVS);
+  const int vs = sb.vs, hv = sb.hv, h = sb.h;
+  const int64_t n = sb.n;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int wr = warp & 3, cw = 16 * (warp >> 2);  // chunk tile row block, first column
   const int v0 = vs * BV;
@@ -469,11 +467,9 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
 // computes; k and q are loaded at the top (q is first needed in step 3).
 // cp.async groups, oldest first: [K_c] [Q_c] [P,X,vec_{c-1}] [T_{c-1}].
 __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const SeqSmem& s) {
-  const int vs = (int)(bid % NVS);
-  const int64_t rest = bid / NVS;
-  const int hv = (int)(rest % p.HV);
-  const int64_t n = rest / p.HV;
-  const int h = hv / p.G;
+  const SeqBlock sb = seq_block(p, bid, NVS);
+  const int vs = sb.vs, hv = sb.hv, h = sb.h;
+  const int64_t n = sb.n;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int wr = warp & 3, wc = warp >> 2;
   const int v0 = vs * BV;

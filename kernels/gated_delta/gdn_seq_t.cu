@@ -165,11 +165,9 @@ int seq_t_slices() { return kTNS; }
 __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const int64_t bid = blockIdx.x;
-  const int vs = (int)(bid % kTNS);
-  const int64_t rest = bid / kTNS;
-  const int hv = (int)(rest % p.HV);
-  const int64_t n = rest / p.HV;
-  const int h = hv / p.G;
+  const SeqBlock sb = seq_block(p, bid, kTNS);
+  const int vs = sb.vs, hv = sb.hv, h = sb.h;
+  const int64_t n = sb.n;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int v0 = vs * kTV, j0 = 16 * warp;  // the block's first value column; the warp's strip
   __nv_bfloat16* const Ob = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * kTBufBytes);  // [2][64][kTLD]
