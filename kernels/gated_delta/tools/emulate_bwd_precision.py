@@ -61,7 +61,7 @@ def gates(rng, T, kind):
 
 def softplus(x): return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
 
-def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec=False):
+def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec=False, wy=None):
     rng = np.random.default_rng(seed)
     T = sum(lens)
     qr = bf16(rng.standard_normal((T, K))); kr = bf16(rng.standard_normal((T, K)))
@@ -81,6 +81,9 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec=False):
     Rm = (lambda z: fmt_round(z, 'fp16m')) if on_h else (lambda z: z)
     Dc = (lambda z: fmt_round(z, 'fp16c')) if on_d else (lambda z: z)
     Dm = (lambda z: fmt_round(z, 'fp16m')) if on_d else (lambda z: z)
+    # wy: the WY part's fp32-derived operands (Pg, dW, T, dT, M1, Gsym) in this format, one scale
+    # per matrix for fp16 ('fp16m')
+    Wr = (lambda z: fmt_round(z, wy)) if wy else (lambda z: z)
     RT = (lambda z: fmt_round(z, fmt_T)) if fmt_T else (lambda z: z)
     dq = np.zeros((T, K)); dk = np.zeros((T, K)); dv = np.zeros((T, V)); dgam_all = np.zeros(T); dbeta = np.zeros(T)
     bos = 0
@@ -128,23 +131,23 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec=False):
             E = Pg * QK
             e = np.array([E[r, :r].sum() - E[r + 1:, r].sum() for r in range(L)])
             dgam = rq + e
-            dQ = aQ + Pg @ Kc
-            dKd = aKs + Pg.T @ Qc
+            dQ = aQ + Wr(Pg) @ Kc
+            dKd = aKs + Wr(Pg).T @ Qc
             dW = -aW
-            dT = np.tril(aT * bc[None, :] + (dW @ Kc.T) * (bc * np.exp(gam))[None, :], -1)
-            TtdW = Tm.T @ dW
+            dT = np.tril(aT * bc[None, :] + (Wr(dW) @ Kc.T) * (bc * np.exp(gam))[None, :], -1)
+            TtdW = Wr(Tm).T @ Wr(dW)
             dKd = dKd + (bc * np.exp(gam))[:, None] * TtdW
             w = np.sum(TtdW * Kc, 1)
             dbt = dbp + np.exp(gam) * w
             dgam = dgam + bc * np.exp(gam) * w
-            M1 = dT @ Tm.T
-            G = np.tril(-(Tm.T @ M1) * Gm, -1)
+            M1 = Wr(dT) @ Wr(Tm).T
+            G = np.tril(-(Wr(Tm).T @ Wr(M1)) * Gm, -1)
             sb = np.array([(G[r, :r] * KK[r, :r]).sum() for r in range(L)])
             sc = np.array([(G[r + 1:, r] * bc[r + 1:] * KK[r + 1:, r]).sum() for r in range(L)])
             dbt = dbt + sb
             dgam = dgam + bc * sb - sc
             Gsym = bc[:, None] * G + G.T * bc[None, :]
-            dKd = dKd + Gsym @ Kc
+            dKd = dKd + Wr(Gsym) @ Kc
             kk = np.where(np.arange(L) < L - 1, rks, 0.0)
             dgam = dgam - kk
             dgam[L - 1] += np.exp(gl) * frob + kk.sum()
@@ -195,9 +198,12 @@ if __name__ == '__main__':
             bad += sum(e > 1e-10 for e in errs.values())
         sys.exit(1 if bad else 0)
     for kind in ['strong', 'mild']:
-        for fmt, fT, fio, rec in [('bf16x2', None, None, '-'), ('fp16s', 'fp16s', 'fp16s', '-'), ('bf16x2', None, None, 'h'), ('bf16x2', None, None, 'dh'), ('fp16s', 'fp16s', 'fp16s', 'dh'), ('bf16', None, None, '-')]:
+        for fmt, fT, fio, rec, wy in [('bf16x2', None, None, '-', None), ('fp16s', 'fp16s', 'fp16s', '-', None), ('bf16x2', None, None, 'h', None),
+                                   ('bf16x2', None, None, 'dh', None), ('fp16s', 'fp16s', 'fp16s', 'dh', None),
+                                   ('bf16x2', None, None, '-', 'fp16m'), ('bf16x2', None, None, '-', 'bf16x2'),
+                                   ('bf16', None, None, '-', None)]:
             worst = {}
             for seed in range(1, 9):
-                ex, _ = run(lens, 'exact', seed, kind); o, _ = run(lens, fmt, seed, kind, fT, fio, rec)
+                ex, _ = run(lens, 'exact', seed, kind); o, _ = run(lens, fmt, seed, kind, fT, fio, rec, wy)
                 for n in o: worst[n] = max(worst.get(n, 0), rel(o[n], ex[n]))
-            print(f'{kind:6s} {fmt:6s} T:{fT or "-":5s} io:{fio or "-":5s} rec:{rec:4s} ' + ' '.join(f'{n}={worst[n]:.1e}' for n in worst), flush=True)
+            print(f'{kind:6s} {fmt:6s} T:{fT or "-":5s} io:{fio or "-":5s} rec:{rec:4s} wy:{wy or "-":6s} ' + ' '.join(f'{n}={worst[n]:.1e}' for n in worst), flush=True)
