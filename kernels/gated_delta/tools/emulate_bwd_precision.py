@@ -61,7 +61,7 @@ def gates(rng, T, kind):
 
 def softplus(x): return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
 
-def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec=False, wy=None):
+def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None):
     rng = np.random.default_rng(seed)
     T = sum(lens)
     qr = bf16(rng.standard_normal((T, K))); kr = bf16(rng.standard_normal((T, K)))
@@ -73,9 +73,9 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec=False, wy=None):
     g = -np.exp(A_log) * softplus(x)
     s = K ** -0.5
     R = lambda z: fmt_round(z, fmt)
-    # rec: the two sequential passes on fp16 operands too (the V-side operand per column, the
-    # 64x64 / 64x128 left matrices with one scale each; the state itself stays exact)
-    # (rec: 'h', 'dh' or 'both')
+    # rec ('h', 'dh', 'both' or '-'): the sequential passes' operands on fp16 too (the V-side
+    # operand with a scale per column, the 64x64 left matrices with one scale each; the state
+    # itself stays exact)
     on_h, on_d = rec in ('h', 'both'), rec in ('dh', 'both')
     Rc = (lambda z: fmt_round(z, 'fp16c')) if on_h else (lambda z: z)
     Rm = (lambda z: fmt_round(z, 'fp16m')) if on_h else (lambda z: z)
@@ -89,7 +89,7 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec=False, wy=None):
     bos = 0
     for L0 in lens:
         chunks = [(bos + c0, min(C, L0 - c0)) for c0 in range(0, L0, C)]
-        # forward: states at chunk starts, Delta, per-chunk quantities
+        # h recompute: states at chunk starts, Delta, per-chunk quantities
         S = np.zeros((K, V)); st = []
         for t0, L in chunks:
             gam = np.cumsum(g[t0:t0 + L]); Kc = k[t0:t0 + L]; Qc = q[t0:t0 + L]; bc = beta[t0:t0 + L]
@@ -100,7 +100,7 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec=False, wy=None):
             D = Rm(Tm) @ Rc(Y)
             st.append(dict(t0=t0, L=L, gam=gam, Gm=Gm, T=Tm, S0=S.copy(), D=D))
             S = np.exp(gam[-1]) * S + Kc.T @ Rc(np.exp(gam[-1] - gam)[:, None] * D)
-        # dh pass (reverse), exact
+        # dh pass (reverse)
         dS = np.zeros((K, V))
         for c in reversed(st):
             t0, L, gam, Gm, Tm = c['t0'], c['L'], c['gam'], c['Gm'], c['T']
