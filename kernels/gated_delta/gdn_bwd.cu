@@ -8,17 +8,24 @@
 #include "gdn_common.cuh"
 #include "gdn_kernels.cuh"
 #include "gdn_mma16.cuh"
+#include "gdn_wgmma.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(QRUN_GDN_NO_WGMMA)
+#define GDN_BWD_WGMMA 1
+#else
+#define GDN_BWD_WGMMA 0
+#endif
 
 namespace qrun::gdn::detail {
 GDN_PH_DECL
 GDN_PH_HOST(gdn_debug_phases_bwd)
 
 constexpr int kBwdThreads = 512;
-constexpr int LDP = BV + 8;   // [rows][BV] bf16 plane row stride (conflict-free ldmatrix)
-constexpr int SPL = DK * LDP; // one [128][LDP] plane
-constexpr int CPL = C * LDP;  // one [64][LDP] plane
-// One V-slice buffer (bf16): S0 and dS_C planes [2][128][LDP], Delta and dDelta planes
-// [2][64][LDP], raw dO and v slices [64][LDP]. The V loop double-buffers it.
+constexpr int SPL = DK * BV;  // one [128][BV] plane
+constexpr int CPL = C * BV;   // one [64][BV] plane
+// One V-slice buffer (bf16): S0 and dS_C planes [2][128][BV], Delta and dDelta planes
+// [2][64][BV], raw dO and v slices [64][BV], each 64-byte swizzled (wg::sw64, the layout of the
+// wgmma operands). The V loop double-buffers it.
 constexpr int kSliceEl = 4 * SPL + 6 * CPL;
 constexpr int LDW = DK + 8;   // dW plane row stride (bf16)
 // post-loop view of the union (floats): KK, Pg, dT scratch; XpA, XpB plane pairs; dW planes; M1, G
@@ -26,6 +33,10 @@ constexpr int kPostF = 3 * C * LDC + 2 * C * C + C * LDW + 2 * C * LDC;
 constexpr int kUnion = (kSliceEl > kPostF) ? kSliceEl : kPostF;  // two bf16 slice buffers = kSliceEl floats
 constexpr int kBwdSmemF = C * LDKB + 2 * C + C * C + kUnion + 26 * C + 8;
 
+// (the swizzled slice planes must start on 512-byte boundaries)
+static_assert((C * LDKB + 2 * C + C * C) * 4 % 512 == 0 && kSliceEl * 2 % 512 == 0 && SPL * 2 % 512 == 0 &&
+                  CPL * 2 % 512 == 0,
+              "slice plane alignment");
 size_t bwd_smem_bytes() { return (size_t)kBwdSmemF * sizeof(float); }
 
 // One (chunk, value head) item of gdn_bwd_chunk_kernel. q/k stay raw bf16 in shared memory (l2norm row scales rsQ/rsK applied
@@ -134,22 +145,24 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   zero_acc(aQ); zero_acc(aKs); zero_acc(aW); zero_acc(aPD); zero_acc(aT);
   float frob = 0.f;
   static_assert(2 * DK * BV / 8 == 2 * kBwdThreads && 2 * C * BV / 8 == kBwdThreads, "slice/threads");
-  // Slice vs into buffer B: the four plane pairs as they lie in the workspace, dO and v rows
-  // (zero beyond L) as 16-byte copies when aligned, plain stores otherwise. Complete after
+  // Slice vs into buffer B: the four plane pairs of the workspace, dO and v rows (zero beyond L)
+  // as 16-byte copies when aligned, plain stores otherwise, all into the interleaved layout. Complete after
   // cp_async_wait + __syncthreads.
   const auto load_slice = [&](int vs, __nv_bfloat16* B) {
     const int64_t so = slice_planes(c, p.HV, hv, vs, DK), co = slice_planes(c, p.HV, hv, vs, C);
     const uint64_t once = l2_evict_first();  // (the planes are read once)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {  // S0, dS_C: [2][128][32] each
-      const int v = tid + i * kBwdThreads, pl = v >> 9, r = (v >> 2) & (DK - 1), c8 = (v & 3) * 8;
-      cp_async16_once(B + pl * SPL + r * LDP + c8, p.hs + so + v * 8, 16, once);
-      cp_async16_once(B + 2 * SPL + pl * SPL + r * LDP + c8, p.dhs + so + v * 8, 16, once);
+      const int v = tid + i * kBwdThreads, pl = v >> 9;
+      const int r = (v >> 2) & (DK - 1), c8 = (v & 3) * 8;
+      cp_async16_once(B + pl * SPL + wg::sw64(r, c8), p.hs + so + v * 8, 16, once);
+      cp_async16_once(B + 2 * SPL + pl * SPL + wg::sw64(r, c8), p.dhs + so + v * 8, 16, once);
     }
     {  // Delta, dDelta: [2][64][32] each
-      const int v = tid, pl = v >> 8, r = (v >> 2) & (C - 1), c8 = (v & 3) * 8;
-      cp_async16_once(B + 4 * SPL + pl * CPL + r * LDP + c8, p.Dl + co + v * 8, 16, once);
-      cp_async16_once(B + 4 * SPL + 2 * CPL + pl * CPL + r * LDP + c8, p.dDl + co + v * 8, 16, once);
+      const int v = tid, pl = v >> 8;
+      const int r = (v >> 2) & (C - 1), c8 = (v & 3) * 8;
+      cp_async16_once(B + 4 * SPL + pl * CPL + wg::sw64(r, c8), p.Dl + co + v * 8, 16, once);
+      cp_async16_once(B + 4 * SPL + 2 * CPL + pl * CPL + wg::sw64(r, c8), p.dDl + co + v * 8, 16, once);
     }
     const int v0 = vs * BV;
     const int rb = (tid & 255) >> 2, c8 = (tid & 3) * 8;  // threads < 256: dO, the others: v
@@ -157,7 +170,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     const __nv_bfloat16* src = isdo ? bf16_at(p.dO, t0 * p.do_st + (int64_t)hv * p.do_sh + v0)
                                     : bf16_at(p.v, t0 * p.v_st + (int64_t)hv * p.v_sh + v0);
     const int64_t sst = isdo ? p.do_st : p.v_st;
-    __nv_bfloat16* d = B + 4 * SPL + 4 * CPL + (isdo ? 0 : CPL) + rb * LDP + c8;
+    __nv_bfloat16* d = B + 4 * SPL + 4 * CPL + (isdo ? 0 : CPL) + wg::sw64(rb, c8);
     if (p.vec_do && p.vec_v) {
       cp_async16(d, src + (rb < L ? rb : 0) * sst + c8, rb < L ? 16 : 0);
     } else {
@@ -177,11 +190,16 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #pragma unroll 1
   for (int vs = 0; vs < NVS; ++vs) {
     const int v0 = vs * BV;
-    __syncthreads();  // the other buffer's last readers (slice vs - 1) are done
+    // One barrier per slice: slice vs (and the q/k tiles, T planes) landed, and every reader of
+    // the other buffer (slice vs - 1) is done; then slice vs + 1 loads into it during this one.
+    // (The proxy fence comes with nothing in flight: it would wait for a pending copy too.)
+    cp_async_wait<0>();
+#if GDN_BWD_WGMMA
+    wg::fence_smem();  // (for the wgmma reads of the planes)
+#endif
+    __syncthreads();
     if (vs + 1 < NVS) load_slice(vs + 1, slice_buf + ((vs + 1) & 1) * kSliceEl);
     cp_async_commit();
-    cp_async_wait<1>();  // slice vs (and the q/k tiles, T planes) landed
-    __syncthreads();
     __nv_bfloat16* const S0p = slice_buf + (vs & 1) * kSliceEl;
     __nv_bfloat16* const dSp = S0p + 2 * SPL;
     __nv_bfloat16* const Dlp = dSp + 2 * SPL;
@@ -191,10 +209,43 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     GDN_PH(2);
     // dQ += dO S0^T ; dKs += Delta dSC^T ; dW += dDelta S0^T   (16 x 32 tiles: rows 16wr, cols 32wc)
     // PD += dO Delta^T ; dT += dDelta V^T                     (16 x 16 tiles: rows 16wr, cols 16wc)
+    // On sm_90a warpgroup wc (warps 4wc..4wc+3, so warp wr of the group holds rows 16wr) runs
+    // the products of its column blocks (32wc, 16wc) as wgmma with A and B read from the planes:
+    // its accumulators land in the same fragments the mma.sync form below builds, and the loop
+    // issues no ldmatrix. Both k16 steps stay in flight through the <S0, dS_C> sum and dV below.
+    // (Session 12 measured A from registers: under the 128-register cap ptxas serialised the MMAs.)
+#if GDN_BWD_WGMMA
+    // (all B descriptors from two: the planes lie at fixed byte offsets from S0p and Dlp)
+    const uint64_t dS = wg::desc_rows(S0p, 32 * wc), dD = wg::desc_rows(Dlp, 16 * wc);
+    constexpr uint32_t kP = 2 * SPL, kQ = 2 * CPL;  // bytes of one [128][32], one [64][32] plane
+    {
+      const uint64_t dA = wg::desc_rows(Dlp, 0);  // A planes: Dh 0, Dl kQ, dDh 2kQ, dDl 3kQ, dO 4kQ
+      wg::fence();
+#pragma unroll
+      for (int k0 = 0; k0 < BV; k0 += 16) {
+        const uint32_t ks = (k0 / 16) * wg::kKStep;
+        const uint64_t ao = wg::desc_add(dA, ks + 4 * kQ), aDh = wg::desc_add(dA, ks), aDl = wg::desc_add(dA, ks + kQ),
+                       adh = wg::desc_add(dA, ks + 2 * kQ), adl = wg::desc_add(dA, ks + 3 * kQ);
+        wg::mma_ss(aQ, ao, wg::desc_add(dS, ks + kP));
+        wg::mma_ss(aQ, ao, wg::desc_add(dS, ks));
+        wg::mma_ss(aKs, aDl, wg::desc_add(dS, ks + 2 * kP));
+        wg::mma_ss(aKs, aDh, wg::desc_add(dS, ks + 3 * kP));
+        wg::mma_ss(aKs, aDh, wg::desc_add(dS, ks + 2 * kP));
+        wg::mma_ss(aW, adl, wg::desc_add(dS, ks));
+        wg::mma_ss(aW, adh, wg::desc_add(dS, ks + kP));
+        wg::mma_ss(aW, adh, wg::desc_add(dS, ks));
+        wg::mma_ss(aPD, ao, wg::desc_add(dD, ks + kQ));
+        wg::mma_ss(aPD, ao, wg::desc_add(dD, ks));
+        wg::mma_ss(aT, adl, wg::desc_add(dD, ks + 5 * kQ));
+        wg::mma_ss(aT, adh, wg::desc_add(dD, ks + 5 * kQ));
+      }
+      wg::commit();
+    }
+#else
 #pragma unroll
     for (int k0 = 0; k0 < BV; k0 += 16) {
       uint32_t ao[4], aDh[4], aDl[4], adh[4], adl[4];
-      const int ao_ = a_off(LDP, 16 * wr, k0, lane);
+      const int ao_ = wg::a_off(16 * wr, k0, lane);
       ldsm_x4(ao, dOb + ao_);
       ldsm_x4(aDh, Dlp + ao_);
       ldsm_x4(aDl, Dlp + CPL + ao_);
@@ -203,7 +254,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #pragma unroll
       for (int nh = 0; nh < 2; ++nh) {
         uint32_t sh[4], sl[4], dh[4], dl2[4];
-        const int bo = bn_off(LDP, k0, 32 * wc + 16 * nh, lane);
+        const int bo = wg::bn_off(k0, 32 * wc + 16 * nh, lane);
         ldsm_x4(sh, S0p + bo);
         ldsm_x4(sl, S0p + SPL + bo);
         ldsm_x4(dh, dSp + bo);
@@ -223,7 +274,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       }
       {
         uint32_t bh[4], bl[4], bv[4];
-        const int bo = bn_off(LDP, k0, 16 * wc, lane);
+        const int bo = wg::bn_off(k0, 16 * wc, lane);
         ldsm_x4(bh, Dlp + bo);
         ldsm_x4(bl, Dlp + CPL + bo);
         ldsm_x4(bv, Vb + bo);
@@ -236,6 +287,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         }
       }
     }
+#endif
     GDN_PH(3);
     {  // <S0, dS_C> of the slice, from the planes (hi + lo)
       const auto two = [](const __nv_bfloat16* P, int plane, int off) {
@@ -245,7 +297,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       };
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int v = tid + i * kBwdThreads, off = (v >> 4) * LDP + (v & 15) * 2;
+        const int off = 2 * (tid + i * kBwdThreads);  // (the same layout in all four planes)
         const float2 a = two(S0p, SPL, off), b = two(dSp, SPL, off);
         frob += a.x * b.x + a.y * b.y;
       }
@@ -261,7 +313,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         const int ao_ = at_off_sw<C>(16 * wr, k0, lane);
         ldsm_x4_t(ah, Tpb + ao_);
         ldsm_x4_t(al, Tpb + C * C + ao_);
-        const int bo = b_off(LDP, k0, 16 * (wc >> 1), lane);
+        const int bo = wg::b_off(k0, 16 * (wc >> 1), lane);
         ldsm_x4_t(bh, DDp + bo);
         ldsm_x4_t(bl, DDp + CPL + bo);
         // (selects, not bh[sel]: a run-time index would put the fragments in local memory)
@@ -274,7 +326,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[0][e] += acc2[0][e];
       float r0, r1;
-      frag_rowdot(acc, [&](int r, int j) { return __bfloat162float(Vb[(16 * wr + r) * LDP + 8 * wc + j]); }, r0, r1);
+      frag_rowdot(acc, [&](int r, int j) { return __bfloat162float(Vb[wg::sw64(16 * wr + r, 8 * wc + j)]); }, r0, r1);
       if (tq == 0) {
         dbp[wc * C + 16 * wr + gq] += r0;
         dbp[wc * C + 16 * wr + gq + 8] += r1;
@@ -283,6 +335,10 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       store_grad_rows(p.dv, p.gdt, t0 * p.dv_st + (int64_t)hv * p.dv_sh + v0, p.dv_st, acc, 16 * wr, 8 * wc, L,
                       p.pair_dv);
     }
+#if GDN_BWD_WGMMA
+    wg::wait<0>();  // (the last k16 step's MMAs ran alongside the <S0, dS_C> sum and dV)
+    wg::pin(aQ); wg::pin(aKs); wg::pin(aW); wg::pin(aPD); wg::pin(aT);
+#endif
     GDN_PH(4);
   }
   // block-reduce frob (deterministic)
@@ -631,7 +687,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 // value heads in order (measured 0.025 ms faster than one block per item at 1x8192; an L2
 // prefetch of the next item's first slices during the WY part gained nothing on top).
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
-  extern __shared__ __align__(128) float sm[];
+  extern __shared__ __align__(1024) float sm[];
   const int64_t groups = p.NT * p.H;
   for (int64_t gi = blockIdx.x; gi < groups; gi += gridDim.x) {
     const int64_t first = (gi / p.H) * p.HV + (gi % p.H) * p.G;  // item (chunk, value head G h)

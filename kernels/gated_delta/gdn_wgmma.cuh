@@ -1,0 +1,104 @@
+// Hopper warpgroup MMA (wgmma.mma_async, sm_90a only) for the backward's chunk kernel: bf16
+// operands from shared memory through matrix descriptors, fp32 accumulators in registers.
+// Hand-written PTX wrappers: CUTLASS/CuTe would bring a large header dependency for two
+// instructions and one descriptor format (the kernels build with nvcc alone); test_gdn_wgmma
+// checks both shapes used here against a CPU product, exactly.
+//
+// Operand layout: K-major planes of 32 bf16 columns with the 64-byte swizzle. Rows are dense
+// (64 B, as in global memory); the 16-byte chunk j of row r lies at chunk j ^ ((r >> 1) & 3),
+// i.e. address bits [4,6) ^= bits [7,9). The hardware applies the XOR to absolute shared-memory
+// addresses, so every plane must start on a 512-byte boundary (one 8-row swizzle atom). ldmatrix's
+// 8 row addresses of one 8x8 matrix, and a quarter warp's 16-byte copies of two whole rows, are
+// then free of bank conflicts. (Session 12 measured the unswizzled "interleaved" core-matrix
+// layout: 0.35 ms slower in the backward, docs/PERF.md.)
+#pragma once
+#include <cstdint>
+
+#include "gdn_mma16.cuh"
+
+namespace qrun::gdn::detail::wg {
+
+// element offset of (r, c) in a swizzled [rows][32] plane
+__host__ __device__ __forceinline__ int sw64(int r, int c) {
+  return (r << 5) + ((((c >> 3) ^ (r >> 1)) & 3) << 3) + (c & 7);
+}
+// bytes between the two k16 steps of a plane (16 columns of the same rows)
+constexpr uint32_t kKStep = 32;
+// ldmatrix row addresses (element offsets, lane l) of the mma fragments in a swizzled plane:
+// A (16 x 16 at (m0, k0), rows = M, ldsm_x4), B stored [n][k] (two n8 tiles at (k0, n0), ldsm_x4)
+// and B stored [k][n] (two n8 tiles at (k0, n0), ldsm_x4_t).
+__device__ __forceinline__ int a_off(int m0, int k0, int l) {
+  return sw64(m0 + (l & 7) + ((l >> 3) & 1) * 8, k0 + (l >> 4) * 8);
+}
+__device__ __forceinline__ int bn_off(int k0, int n0, int l) {
+  return sw64(n0 + (l & 7) + (l >> 4) * 8, k0 + ((l >> 3) & 1) * 8);
+}
+__device__ __forceinline__ int b_off(int k0, int n0, int l) {
+  return sw64(k0 + (l & 7) + ((l >> 3) & 1) * 8, n0 + (l >> 4) * 8);
+}
+
+// Matrix descriptor: start address, LBO, SBO (bytes; 16-byte units in the descriptor), no swizzle.
+__device__ __forceinline__ uint64_t desc(const void* smem, uint32_t lbo, uint32_t sbo) {
+  const uint32_t a = smem_u32(smem);
+  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32);
+}
+// The K-major descriptor of the tile that starts at row r0 of a swizzled plane (r0 a multiple of
+// 8): LBO unused (the 32 columns fit one atom; 16 by convention), SBO = 512 B between 8-row
+// groups, layout type 2 (64-byte swizzle) in bits 62-63.
+__device__ __forceinline__ uint64_t desc_rows(const __nv_bfloat16* plane, int r0) {
+  return desc(plane + 32 * r0, 16, 512) | (2ull << 62);
+}
+// The same operand advanced by `bytes` (k steps, other planes: 16-byte aligned offsets).
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+// wgmma.fence: before the first MMA, and between a thread's own writes of A fragment or
+// accumulator registers and an MMA that reads them.
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Generic-proxy writes to shared memory (st.shared, cp.async) become visible to wgmma's (async
+// proxy) reads only after this fence in the writing thread, then a barrier.
+__device__ __forceinline__ void fence_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Ties accumulator registers to this point: after wait<>(), so that the compiler reads them only
+// once the asynchronous MMAs have written them.
+template <int NT>
+__device__ __forceinline__ void pin(float (&d)[NT][4]) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[n][e])::"memory");
+}
+
+// D[64][8*NT] += A[64][16] B[16][8*NT] (bf16 x bf16 -> fp32), A and B K-major in shared memory
+// (descriptors da, db). Accumulator layout (warp w of the warpgroup): n8 tile n, element e at row
+// 16w + lane/4 + 8*(e>>1), column 8n + 2*(lane%4) + (e&1), i.e. the mma.m16n8 C fragment of
+// each n8 tile, so the accumulators are the fragments an mma.sync form of the product builds.
+__device__ __forceinline__ void mma_ss(float (&d)[2][4], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3])
+      : "l"(da), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void mma_ss(float (&d)[4][4], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(da), "l"(db), "r"(1));
+}
+#endif
+
+}  // namespace qrun::gdn::detail::wg
