@@ -49,8 +49,12 @@ __device__ __forceinline__ uint64_t desc(const void* smem, uint32_t lbo, uint32_
 __device__ __forceinline__ uint64_t desc_rows(const __nv_bfloat16* plane, int r0) {
   return desc(plane + 32 * r0, 16, 512) | (2ull << 62);
 }
-// The same operand advanced by `bytes` (k steps, other planes: 16-byte aligned offsets).
-__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
+// The same operand advanced by `bytes` (k steps, other planes: 16-byte aligned offsets). Only the
+// low word changes: the start address field (bits 0-13, address >> 4) cannot carry out of it for
+// shared memory below 256 KB, so a 32-bit add does (a 64-bit add would cost two instructions).
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) {
+  return (d & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)d + (bytes >> 4));
+}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 // wgmma.fence: before the first MMA, and between a thread's own writes of A fragment or
