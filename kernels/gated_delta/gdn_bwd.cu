@@ -146,8 +146,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   float frob = 0.f;
   static_assert(2 * DK * BV / 8 == 2 * kBwdThreads && 2 * C * BV / 8 == kBwdThreads, "slice/threads");
   // Slice vs into buffer B: the four plane pairs of the workspace, dO and v rows (zero beyond L)
-  // as 16-byte copies when aligned, plain stores otherwise, all into the interleaved layout. Complete after
-  // cp_async_wait + __syncthreads.
+  // as 16-byte copies when aligned, plain stores otherwise, all into the swizzled planes. Complete
+  // after cp_async_wait + __syncthreads.
   const auto load_slice = [&](int vs, __nv_bfloat16* B) {
     const int64_t so = slice_planes(c, p.HV, hv, vs, DK), co = slice_planes(c, p.HV, hv, vs, C);
     const uint64_t once = l2_evict_first();  // (the planes are read once)
