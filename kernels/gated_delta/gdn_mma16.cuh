@@ -113,24 +113,45 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t&
 }
 
 // ---- fragment addresses (element offsets into a bf16 plane) for lane l ----
-// Plain row-major [rows][ld] planes. 16x16 A tile at (m0, k0) of a row-major [m][k] matrix:
-__device__ __forceinline__ int a_off(int ld, int m0, int k0, int l) {
-  return (m0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + k0 + (l >> 4) * 8;
+// The row address lane l gives an ldmatrix.x4, as (row, column) of the stored matrix, for each
+// fragment kind; el(row, column) is the plane layout's element offset (row-major, swizzled, ...),
+// passed as a lambda (a function pointer changed the generated code; lambdas give the SASS of
+// the hand-expanded forms, instruction for instruction).
+// 16x16 A tile at (m0, k0) of a row-major [m][k] matrix (ldsm_x4):
+template <class El>
+__device__ __forceinline__ int frag_a(El el, int m0, int k0, int l) {
+  return el(m0 + (l & 7) + ((l >> 3) & 1) * 8, k0 + (l >> 4) * 8);
 }
-// 16x16 A tile at (m0, k0) of A = M^T where M is row-major [k][m] (use ldsm_x4_t):
-__device__ __forceinline__ int at_off(int ld, int m0, int k0, int l) {
-  return (k0 + (l & 7) + (l >> 4) * 8) * ld + m0 + ((l >> 3) & 1) * 8;
+// 16x16 A tile at (m0, k0) of A = M^T where M is stored [k][m] (ldsm_x4_t):
+template <class El>
+__device__ __forceinline__ int frag_at(El el, int m0, int k0, int l) {
+  return el(k0 + (l & 7) + (l >> 4) * 8, m0 + ((l >> 3) & 1) * 8);
 }
-// B (16 x 16 = two n8 tiles) at (k0, n0) of a row-major [k][n] matrix (use ldsm_x4_t):
+// B (16 x 16 = two n8 tiles) at (k0, n0) of a matrix stored [k][n] (ldsm_x4_t):
 // r[0], r[1] = tile n0; r[2], r[3] = tile n0 + 8.
-__device__ __forceinline__ int b_off(int ld, int k0, int n0, int l) {
-  return (k0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + n0 + (l >> 4) * 8;
+template <class El>
+__device__ __forceinline__ int frag_b(El el, int k0, int n0, int l) {
+  return el(k0 + (l & 7) + ((l >> 3) & 1) * 8, n0 + (l >> 4) * 8);
+}
+// B (16 x 16 = two n8 tiles) at (k0, n0) of B where B^T is stored [n][k] (ldsm_x4):
+// r[0], r[1] = tile n0; r[2], r[3] = tile n0 + 8.
+template <class El>
+__device__ __forceinline__ int frag_bn(El el, int k0, int n0, int l) {
+  return el(n0 + (l & 7) + (l >> 4) * 8, k0 + ((l >> 3) & 1) * 8);
 }
 
-// B (16 x 16 = two n8 tiles) at (k0, n0) of B where B^T is stored row-major [n][k] (use ldsm_x4):
-// r[0], r[1] = tile n0; r[2], r[3] = tile n0 + 8.
+// Plain row-major [rows][ld] planes.
+__device__ __forceinline__ int a_off(int ld, int m0, int k0, int l) {
+  return frag_a([ld](int r, int c) { return r * ld + c; }, m0, k0, l);
+}
+__device__ __forceinline__ int at_off(int ld, int m0, int k0, int l) {
+  return frag_at([ld](int r, int c) { return r * ld + c; }, m0, k0, l);
+}
+__device__ __forceinline__ int b_off(int ld, int k0, int n0, int l) {
+  return frag_b([ld](int r, int c) { return r * ld + c; }, k0, n0, l);
+}
 __device__ __forceinline__ int bn_off(int ld, int k0, int n0, int l) {
-  return (n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8;
+  return frag_bn([ld](int r, int c) { return r * ld + c; }, k0, n0, l);
 }
 
 // acc (a 16 x 8*NT tile at (m0, n0), NT even) += A[m0:m0+16, :KD] * B[n0:n0+8NT, :KD]^T with A and
@@ -165,20 +186,20 @@ __device__ __forceinline__ int swz(int r, int c) {
 }
 template <int LD>
 __device__ __forceinline__ int a_off_sw(int m0, int k0, int l) {
-  return swz<LD>(m0 + (l & 7) + ((l >> 3) & 1) * 8, k0 + (l >> 4) * 8);
+  return frag_a([](int r, int c) { return swz<LD>(r, c); }, m0, k0, l);
 }
 template <int LD>
 __device__ __forceinline__ int at_off_sw(int m0, int k0, int l) {
-  return swz<LD>(k0 + (l & 7) + (l >> 4) * 8, m0 + ((l >> 3) & 1) * 8);
+  return frag_at([](int r, int c) { return swz<LD>(r, c); }, m0, k0, l);
 }
 // B operand offsets in a swizzled plane: [k][n] storage (ldsm_x4_t) and [n][k] storage (ldsm_x4)
 template <int LD>
 __device__ __forceinline__ int b_off_sw(int k0, int n0, int l) {
-  return swz<LD>(k0 + (l & 7) + ((l >> 3) & 1) * 8, n0 + (l >> 4) * 8);
+  return frag_b([](int r, int c) { return swz<LD>(r, c); }, k0, n0, l);
 }
 template <int LD>
 __device__ __forceinline__ int bn_off_sw(int k0, int n0, int l) {
-  return swz<LD>(n0 + (l & 7) + (l >> 4) * 8, k0 + ((l >> 3) & 1) * 8);
+  return frag_bn([](int r, int c) { return swz<LD>(r, c); }, k0, n0, l);
 }
 // element (r, c) of a swizzled plane, any c
 template <int LD>

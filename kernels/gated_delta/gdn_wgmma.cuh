@@ -27,15 +27,12 @@ constexpr uint32_t kKStep = 32;
 // ldmatrix row addresses (element offsets, lane l) of the mma fragments in a swizzled plane:
 // A (16 x 16 at (m0, k0), rows = M, ldsm_x4), B stored [n][k] (two n8 tiles at (k0, n0), ldsm_x4)
 // and B stored [k][n] (two n8 tiles at (k0, n0), ldsm_x4_t).
-__device__ __forceinline__ int a_off(int m0, int k0, int l) {
-  return sw64(m0 + (l & 7) + ((l >> 3) & 1) * 8, k0 + (l >> 4) * 8);
-}
-__device__ __forceinline__ int bn_off(int k0, int n0, int l) {
-  return sw64(n0 + (l & 7) + (l >> 4) * 8, k0 + ((l >> 3) & 1) * 8);
-}
-__device__ __forceinline__ int b_off(int k0, int n0, int l) {
-  return sw64(k0 + (l & 7) + ((l >> 3) & 1) * 8, n0 + (l >> 4) * 8);
-}
+struct Sw64El {  // (sw64 as the layout argument of the frag_* mappings)
+  __device__ __forceinline__ int operator()(int r, int c) const { return sw64(r, c); }
+};
+__device__ __forceinline__ int a_off(int m0, int k0, int l) { return frag_a(Sw64El{}, m0, k0, l); }
+__device__ __forceinline__ int bn_off(int k0, int n0, int l) { return frag_bn(Sw64El{}, k0, n0, l); }
+__device__ __forceinline__ int b_off(int k0, int n0, int l) { return frag_b(Sw64El{}, k0, n0, l); }
 
 // Matrix descriptor: start address, LBO, SBO (bytes; 16-byte units in the descriptor), no swizzle.
 __device__ __forceinline__ uint64_t desc(const void* smem, uint32_t lbo, uint32_t sbo) {
