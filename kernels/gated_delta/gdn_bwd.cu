@@ -289,39 +289,38 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     }
 #endif
     GDN_PH(3);
-    {  // <S0, dS_C> of the slice, from the planes (hi + lo)
-      const auto two = [](const __nv_bfloat16* P, int plane, int off) {
-        const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(P + off));
-        const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(P + plane + off));
-        return make_float2(hi.x + lo.x, hi.y + lo.y);
-      };
+    {  // <S0, dS_C> of the slice, from the planes (hi + lo; the same layout in all four): eight
+       // elements per thread, one 16-byte load per plane
+      const int off = 8 * tid;
+      static_assert(8 * kBwdThreads == SPL, "one 16-byte piece per thread and plane");
+      const uint4 q[4] = {*reinterpret_cast<const uint4*>(S0p + off), *reinterpret_cast<const uint4*>(S0p + SPL + off),
+                          *reinterpret_cast<const uint4*>(dSp + off), *reinterpret_cast<const uint4*>(dSp + SPL + off)};
+      const auto f2 = [](uint32_t u) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u)); };
+      const uint32_t w[4][4] = {{q[0].x, q[0].y, q[0].z, q[0].w}, {q[1].x, q[1].y, q[1].z, q[1].w},
+                                {q[2].x, q[2].y, q[2].z, q[2].w}, {q[3].x, q[3].y, q[3].z, q[3].w}};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int off = 2 * (tid + i * kBwdThreads);  // (the same layout in all four planes)
-        const float2 a = two(S0p, SPL, off), b = two(dSp, SPL, off);
-        frob += a.x * b.x + a.y * b.y;
+        const float2 ah = f2(w[0][i]), al = f2(w[1][i]), bh = f2(w[2][i]), bl = f2(w[3][i]);
+        frob += (ah.x + al.x) * (bh.x + bl.x) + (ah.y + al.y) * (bh.y + bl.y);
       }
     }
     {  // dV = diag(beta) T^T dDelta (16 x 8 tiles: rows 16wr, cols 8wc) ; dbeta += rowsum(T^T dDelta .* V)
       float acc[1][4], acc2[1][4];  // two accumulators: two independent MMA chains
       zero_acc(acc);
       zero_acc(acc2);
-      const bool odd = (wc & 1) != 0;  // this warp's n8 half of the 16-wide B tile
 #pragma unroll
       for (int k0 = 0; k0 < C; k0 += 16) {
-        uint32_t ah[4], al[4], bh[4], bl[4];
+        uint32_t ah[4], al[4], bh[2], bl[2];
         const int ao_ = at_off_sw<C>(16 * wr, k0, lane);
         ldsm_x4_t(ah, Tpb + ao_);
         ldsm_x4_t(al, Tpb + C * C + ao_);
-        const int bo = wg::b_off(k0, 16 * (wc >> 1), lane);
-        ldsm_x4_t(bh, DDp + bo);
-        ldsm_x4_t(bl, DDp + CPL + bo);
-        // (selects, not bh[sel]: a run-time index would put the fragments in local memory)
-        const uint32_t bh0 = odd ? bh[2] : bh[0], bh1 = odd ? bh[3] : bh[1];
-        const uint32_t bl0 = odd ? bl[2] : bl[0], bl1 = odd ? bl[3] : bl[1];
-        mma_bf16(acc2[0], al, bh0, bh1);
-        mma_bf16(acc2[0], ah, bl0, bl1);
-        mma_bf16(acc[0], ah, bh0, bh1);
+        // only this warp's n8 block of dDelta (x2: half the bytes of an x4 of the 16-wide tile)
+        const int bo = wg::b_off(k0, 8 * wc, lane);
+        ldsm_x2_t(bh, DDp + bo);
+        ldsm_x2_t(bl, DDp + CPL + bo);
+        mma_bf16(acc2[0], al, bh[0], bh[1]);
+        mma_bf16(acc2[0], ah, bl[0], bl[1]);
+        mma_bf16(acc[0], ah, bh[0], bh[1]);
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[0][e] += acc2[0][e];
@@ -367,10 +366,21 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     float acc[2][4];
     zero_acc(acc);
     mma_raw_rows<2, DK, LDKB>(acc, Xb, 16 * wr, Kb, 16 * wc);
-    for_frag(acc, [&](int r, int j, float& x) {
-      r += 16 * wr; j += 16 * wc;
-      out[r * LDC + j] = x * rsX[r] * rsK[j];
-    });
+    // the lane's 2 row and 4 column scales, loaded once (the stores to out between the elements
+    // keep the compiler from reusing loads)
+    const float rx[2] = {rsX[16 * wr + gq], rsX[16 * wr + gq + 8]};
+    float ck[2][2];
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) ck[n][u] = rsK[16 * wc + 8 * n + 2 * tq + u];
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 16 * wr + gq + 8 * (e >> 1), j = 16 * wc + 8 * n + 2 * tq + (e & 1);
+        out[r * LDC + j] = acc[n][e] * rx[e >> 1] * ck[n][e & 1];
+      }
   };
   gram_k(Kb, rsK, KKs);  // KK = K K^T
   // Pg = s (dO Delta^T) .* Gamma (lower incl. diagonal, valid rows): fp32 for the dgamma sums, and

@@ -382,9 +382,11 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       // per-row factors of this lane's two rows (16wr + gq, +8); r & 8 selects
       const int r0 = 16 * wr + gq;
       const float f0 = expf(gam[r0]) * rsK[r0], f1 = expf(gam[r0 + 8]) * rsK[r0 + 8];
+      const float b0 = bet[r0], b1 = bet[r0 + 8];  // (loaded once: the plane stores between
+                                                   // the elements keep the compiler from reusing loads)
       const auto fy = [&](int r, int j, float x) {
         const float vv = __bfloat162float(s.Xb[r * LDS + j]);
-        return r < L ? bet[r] * (vv - ((r & 8) ? f1 : f0) * x) : 0.f;
+        return r < L ? ((r & 8) ? b1 : b0) * (vv - ((r & 8) ? f1 : f0) * x) : 0.f;
       };
       store_planes(s.Yp, CP_EL, aX, 16 * wr, cw, fy);
     }
@@ -407,7 +409,8 @@ __device__ __forceinline__ void state_body(const KParams& p, int mode, int64_t b
       if (c + 1 < c_end) ld_planes(s.Tp, p.Tp, p, hv, chunk_geo(c + 1, c_beg, bos, eos));
       cp_async_commit();
       const auto mask = [&](int r, int, float x) { return r < L ? x : 0.f; };
-      const auto fdec = [&](int r, int, float x) { return r < L ? s.dec[r] * x : 0.f; };
+      const float d0 = s.dec[16 * wr + gq], d1 = s.dec[16 * wr + gq + 8];  // (this lane's two rows)
+      const auto fdec = [&](int r, int, float x) { return r < L ? ((r & 8) ? d1 : d0) * x : 0.f; };
       store_planes(s.Dp, CP_EL, aD, 16 * wr, cw, mask);
       store_planes(s.Yp, CP_EL, aD, 16 * wr, cw, fdec);
     }
@@ -527,13 +530,14 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
       zero4(a2);
       mma_raw_split<DK, DK, false, 2>(a1, s.Kb, 16 * wr, s.Sp, SP_EL, 16 * wc);
       mma_splitT_raw(a2, s.Pp, 16 * wr, s.Xb, 16 * wc);
+      const float d0 = s.dec[16 * wr + gq], d1 = s.dec[16 * wr + gq + 8];  // (this lane's two rows)
 #pragma unroll
       for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           GDN_FRAG_RC(16 * wr, 16 * wc, nn, e);
           (void)j;
-          a1[nn][e] = r < L ? s.dec[r] * a1[nn][e] + p.scale * a2[nn][e] : 0.f;
+          a1[nn][e] = r < L ? ((e & 2) ? d1 : d0) * a1[nn][e] + p.scale * a2[nn][e] : 0.f;
         }
       store_planes(s.Dp, CP_EL, a1, 16 * wr, 16 * wc, id);
       // dO' = s e^gam rsQ dO (this warp's own elements of the raw dO slice)
