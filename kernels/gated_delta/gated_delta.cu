@@ -211,13 +211,14 @@ void launch_common_fwd(const KParams& k, const GdnProblem& p, cudaStream_t s, Pr
     pr.mark("l2norm_rstd");
   }
   if (p.num_chunks > 0) {
-    // the fallback launch (k.run_if) walks the items on a small grid (gdn_prep_fallback_kernel)
+    // one block per (chunk, key head) group; the fallback launch (k.run_if) walks the groups on a
+    // small grid (gdn_prep_fallback_kernel)
     struct Prep { void (*kern)(KParams); int slot; const char* name; };
     const Prep pk = f16 ? Prep{gdn_prep16_kernel, 5, "gdn_prep16_kernel"}
                     : k.run_if ? Prep{gdn_prep_fallback_kernel, 6, "gdn_prep_fallback_kernel"}
                                : Prep{gdn_prep_kernel, 0, "gdn_prep_kernel"};
     set_smem(pk.kern, prep_smem_bytes(), pk.slot);
-    const int64_t items = p.num_chunks * p.HV, fb = 3 * (int64_t)sm_count();
+    const int64_t items = p.num_chunks * p.H, fb = 3 * (int64_t)sm_count();
     pk.kern<<<grid1d(k.run_if && items > fb ? fb : items, "prep"), 256, prep_smem_bytes(), s>>>(k);
     check_launch(pk.name);
     pr.mark(f16 ? "prep(fp16)" : k.run_if ? "prep fallback" : "prep");

@@ -56,6 +56,8 @@ struct Case {
   bool want_fallback = false;  // the fast forward must fall back (true) / must not (false)
   int tiny_seq = -1;  // >= 0: this sequence's v is scaled by 2^-16 (only it falls back; its o is
                       // also compared on its own, where a norm over all rows would not see it)
+  int tiny_head = -1;  // >= 0: likewise for this value head in every sequence (only it falls back,
+                       // not the rest of its key head's group)
 };
 
 float bf16r(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
@@ -128,6 +130,9 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
   for (auto& x : v) x = bf16r(nd(rng) * cs.v_scale);
   if (cs.tiny_seq >= 0)
     for (int64_t i = (int64_t)cu[cs.tiny_seq] * HV * V; i < (int64_t)cu[cs.tiny_seq + 1] * HV * V; ++i) v[i] *= 0x1p-16f;
+  if (cs.tiny_head >= 0)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < V; ++e) v[(t * HV + cs.tiny_head) * V + e] *= 0x1p-16f;
   for (auto& x : dO) x = bf16r(nd(rng));
   for (auto& x : g) {
     if (cs.gate_kind == 0) x = -1e-3f * ud(rng);
@@ -284,6 +289,16 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
     o_tiny_ref.assign(rf.o.begin() + b, rf.o.end() - (rf.o.size() - e));
     std::vector<double> got(items[0].got.begin() + b, items[0].got.begin() + e);
     items.push_back({"o[tiny seq]", got, &o_tiny_ref, true});
+  }
+  std::vector<double> o_head_ref, o_head_got;
+  if (cs.tiny_head >= 0) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < V; ++e) {
+        const size_t i = (size_t)(t * HV + cs.tiny_head) * V + e;
+        o_head_ref.push_back(rf.o[i]);
+        o_head_got.push_back(items[0].got[i]);
+      }
+    items.push_back({"o[tiny head]", o_head_got, &o_head_ref, true});
   }
   // the rows without their padding (which keeps its NaN fill unless a store strayed there)
   size_t g_pad_written = 0;
@@ -444,6 +459,9 @@ int main() {
       c.v_scale = 0x1p-16f; c.want_fallback = true; add(c); }
     { Case c; c.name = "fwd_fallback_one_seq"; c.lens = {200, 130, 64, 1000}; c.H = 1; c.HV = 3; c.l2 = true;
       c.gate_fused = c.beta_sigmoid = true; c.tiny_seq = 1; c.want_fallback = true; add(c); }
+    // one value head of a key head's group flagged: the fallback prep redoes it alone
+    { Case c; c.name = "fwd_fallback_one_head"; c.lens = {200, 130, 64, 1}; c.H = 2; c.HV = 6; c.l2 = true;
+      c.gate_fused = true; c.tiny_head = 4; c.want_fallback = true; add(c); }
     // more flagged items than the fallback prep's grid (3 blocks per SM): its blocks walk several
     { Case c; c.name = "fwd_fallback_many_items"; c.lens = {14000, 3000}; c.H = 1; c.HV = 2; c.l2 = true;
       c.v_scale = 0x1p17f; c.want_fallback = true; add(c); }
