@@ -206,22 +206,35 @@ __device__ __forceinline__ void prep_group(const KParams& p, float* sm, int64_t 
         p.dec[i] = expf(gam[L - 1] - gam[tid]) * rsK[tid];
       }
     }
-    // A = strictly-lower beta_r (k_r.k_j) Gamma_rj
-    for_frag(kk, [&](int r, int j, float& x) {
-      r += 16 * wr; j += 32 * wc;
-      As[r * LDC + j] = (r > j && r < L) ? bet[r] * rsK[r] * rsK[j] * x * expf(gam[r] - gam[j]) : 0.f;
-    });
-    {  // P = lower-incl-diag (q_r.k_j) Gamma_rj
+    {  // A = strictly-lower beta_r (k_r.k_j) Gamma_rj and P = lower-incl-diag (q_r.k_j) Gamma_rj:
+       // one exponential per element serves both; the row and column factors are loaded once per
+       // lane (its fragments span two rows and eight columns)
+      float gr[2], fa[2], fp[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * wr + gq + 8 * hh;
+        gr[hh] = gam[r];
+        fa[hh] = bet[r] * rsK[r];
+        fp[hh] = rsQ[r];
+      }
       AbsMax m;
 #pragma unroll
-      for (int nn = 0; nn < 4; ++nn)
+      for (int nn = 0; nn < 4; ++nn) {
+        const int j = 32 * wc + nn * 8 + 2 * tq;
+        const float2 kc = *reinterpret_cast<const float2*>(rsK + j), gc = *reinterpret_cast<const float2*>(gam + j);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const int r = 16 * wr + gq + 8 * hh, j = 32 * wc + nn * 8 + 2 * tq;
-          float v[2];
+          const int r = 16 * wr + gq + 8 * hh;
+          float a[2], v[2];
 #pragma unroll
-          for (int u = 0; u < 2; ++u)
-            v[u] = (r >= j + u && r < L) ? rsQ[r] * rsK[j + u] * qk[nn][2 * hh + u] * expf(gam[r] - gam[j + u]) : 0.f;
+          for (int u = 0; u < 2; ++u) {
+            // exp(gam_r - gam_j) <= 1 where it is kept (r >= j: the cumsum falls); selected away
+            // elsewhere, never multiplied by a mask
+            const float e = expf(gr[hh] - (u ? gc.y : gc.x)), kj = u ? kc.y : kc.x;
+            a[u] = (r > j + u && r < L) ? fa[hh] * kj * kk[nn][2 * hh + u] * e : 0.f;
+            v[u] = (r >= j + u && r < L) ? fp[hh] * kj * qk[nn][2 * hh + u] * e : 0.f;
+          }
+          *reinterpret_cast<float2*>(As + r * LDC + j) = make_float2(a[0], a[1]);
           if constexpr (F16) {
             m.add(v[0]);
             m.add(v[1]);
@@ -233,6 +246,7 @@ __device__ __forceinline__ void prep_group(const KParams& p, float* sm, int64_t 
             *reinterpret_cast<uint32_t*>(Ps + C * C + swz_el<C>(r, j)) = lo;
           }
         }
+      }
       if constexpr (F16) {
         const float wm = m.warp_max();
         if (lane == 0) atomicMax(&amax[1], __float_as_uint(wm));
