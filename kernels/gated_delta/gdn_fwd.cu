@@ -109,7 +109,9 @@ __device__ __forceinline__ void prep_group(const KParams& p, float* sm, int64_t 
   __nv_bfloat16* Qb = Kb + C * LDKB;
   __nv_bfloat16* Ps = Qb;  // once the products are in registers: P hi/lo planes, swizzled [2][64][64]
   float* As = reinterpret_cast<float*>(Qb + C * LDKB);
-  float* Ts = reinterpret_cast<float*>(Kb);  // likewise in the k tile's place
+  float* Ts = reinterpret_cast<float*>(Kb);  // likewise in the k tile's place (needs no zeroing: the
+                                             // inverse writes every block on and below the
+                                             // diagonal, the plane store writes those above as 0)
   float* scr = As + C * LDC;  // 768: the inverse's scratch
   float* rsK = scr + 3 * 256;
   float* rsQ = rsK + C;
@@ -228,8 +230,8 @@ __device__ __forceinline__ void prep_group(const KParams& p, float* sm, int64_t 
           float a[2], v[2];
 #pragma unroll
           for (int u = 0; u < 2; ++u) {
-            // exp(gam_r - gam_j) <= 1 where it is kept (r >= j: the cumsum falls); selected away
-            // elsewhere, never multiplied by a mask
+            // exp(gam_r - gam_j) is formed for every element and selected away where r < j (there
+            // it may overflow): never multiplied by a mask
             const float e = expf(gr[hh] - (u ? gc.y : gc.x)), kj = u ? kc.y : kc.x;
             a[u] = (r > j + u && r < L) ? fa[hh] * kj * kk[nn][2 * hh + u] * e : 0.f;
             v[u] = (r >= j + u && r < L) ? fp[hh] * kj * qk[nn][2 * hh + u] * e : 0.f;
