@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gated_delta.h"
@@ -73,8 +74,25 @@ int main(int argc, char** argv) {
       {"4x2048", {2048, 2048, 2048, 2048}, false, -1, -1, -1, -1},
       {"1x8192 fused(l2,gate,sig)", {8192}, true, -1, -1, -1, -1},
   };
-  // QRUN_GDN_BENCH_CFG=i runs only config i; QRUN_GDN_BENCH_WARM=n warm-ups (default 3; 0 for ncu).
-  if (const char* e = std::getenv("QRUN_GDN_BENCH_CFG")) {
+  // QRUN_GDN_BENCH_CFG=i runs only config i; QRUN_GDN_BENCH_LENS=l1,l2,... runs one config of those
+  // sequence lengths instead; QRUN_GDN_BENCH_WARM=n warm-ups (default 3; 0 for ncu).
+  if (const char* e = std::getenv("QRUN_GDN_BENCH_LENS")) {
+    static std::string name;
+    Cfg c{nullptr, {}, false, -1, -1, -1, -1};
+    for (const char* s = e; *s;) {
+      char* end = nullptr;
+      const long l = std::strtol(s, &end, 10);
+      if (end == s || l < 0 || l > (1 << 24)) { std::fprintf(stderr, "bad QRUN_GDN_BENCH_LENS\n"); return 2; }
+      c.lens.push_back((int32_t)l);
+      s = *end == ',' ? end + 1 : end;
+      if (*end && *end != ',') { std::fprintf(stderr, "bad QRUN_GDN_BENCH_LENS\n"); return 2; }
+    }
+    if (c.lens.empty()) { std::fprintf(stderr, "bad QRUN_GDN_BENCH_LENS\n"); return 2; }
+    name = std::to_string(c.lens.size()) + " seqs (" + e + ")";
+    if (name.size() > 26) name = std::to_string(c.lens.size()) + " seqs";
+    c.name = name.c_str();
+    cfgs = {c};
+  } else if (const char* e = std::getenv("QRUN_GDN_BENCH_CFG")) {
     const int i = std::atoi(e);
     if (i < 0 || i >= (int)cfgs.size()) { std::fprintf(stderr, "bad QRUN_GDN_BENCH_CFG\n"); return 2; }
     cfgs = {cfgs[i]};
@@ -170,9 +188,20 @@ int main(int argc, char** argv) {
     p.fast_forward = false;  // the bf16x2 forward, for comparison
     const double tf_x = time_it([&] { gdn_forward(p, fo, ws, wsb, nullptr); });
     p.fast_forward = true;
+    io.fell_back = fell;
     const double tb = time_it([&] { gdn_backward(p, io, ws, wsb, nullptr); });
+    // the two backward paths forced (the reported one is BwdPath::Auto's choice)
+    using Path = GdnProblem::BwdPath;
+    p.backward_path = Path::Fp16;
+    const double tb_16 = time_it([&] { gdn_backward(p, io, ws, wsb, nullptr); });
+    int32_t fell_bh = -1;
+    CK(cudaMemcpy(&fell_bh, fell, 4, cudaMemcpyDeviceToHost));
+    p.backward_path = Path::Bf16x2;
+    const double tb_x = time_it([&] { gdn_backward(p, io, ws, wsb, nullptr); });
+    p.backward_path = Path::Auto;
     CK(cudaGetLastError());
     fo.fell_back = nullptr;
+    io.fell_back = nullptr;
     cudaFree(fell);
 #ifdef QRUN_GDN_PHASES
     {
@@ -207,6 +236,8 @@ int main(int argc, char** argv) {
                 pub(cf.pub_fla_f), pub(cf.pub_qla_f), pub(cf.pub_fla_b), pub(cf.pub_qla_b));
     std::printf("%-26s fwd on fp16 operands%s; the bf16x2 forward (fast_forward = false): %.3f ms\n", "",
                 fell_h ? " FELL BACK to bf16x2" : " (no fallback)", tf_x);
+    std::printf("%-26s bwd reverse pass on fp16 operands (BwdPath::Fp16)%s: %.3f ms; bf16x2 (BwdPath::Bf16x2): %.3f ms\n", "",
+                fell_bh ? " FELL BACK to bf16x2" : "", tb_16, tb_x);
     std::fflush(stdout);
     cudaFree(d_cu); cudaFree(d_tab); cudaFree(d_off); cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(dO);
     cudaFree(o); cudaFree(a); cudaFree(beta); cudaFree(g); cudaFree(A_log); cudaFree(dt); cudaFree(ws);

@@ -20,12 +20,15 @@ namespace detail {
 __global__ void gdn_l2norm_rstd_kernel(KParams p);
 __global__ void gdn_prep_kernel(KParams p);
 __global__ void gdn_prep16_kernel(KParams p);
+__global__ void gdn_prep16b_kernel(KParams p);
 __global__ void gdn_prep_fallback_kernel(KParams p);
 __global__ void gdn_state_kernel(KParams p, int mode);
 __global__ void gdn_state16t_kernel(KParams p);
 size_t seq_t_smem_bytes();
 int seq_t_slices();
 __global__ void gdn_state_dh_kernel(KParams p, int64_t nstate);
+__global__ void gdn_dh16t_kernel(KParams p);
+size_t dh16t_smem_bytes();
 __global__ void gdn_bwd_chunk_kernel(KParams p);
 size_t seq_smem_bytes();
 size_t prep_smem_bytes();
@@ -69,8 +72,7 @@ Layout layout(const GdnProblem& p) {
   l.bet = take(T * HV * f);
   l.Tp = take(NT * HV * 2 * C * C * sizeof(uint16_t));
   l.Pp = take(NT * HV * 2 * C * C * sizeof(uint16_t));
-  const size_t shared_end = off;
-  if (p.fast_forward) {  // forward only: the backward's buffers below start at the same offset
+  if (p.fast_forward || p.backward_path != GdnProblem::BwdPath::Bf16x2) {  // the fp16 paths' buffers
     l.kh = take(T * H * DK * sizeof(uint16_t));
     l.qh = take(T * H * DK * sizeof(uint16_t));
     l.fx = take(T * HV * f);
@@ -78,8 +80,7 @@ Layout layout(const GdnProblem& p) {
     l.dec = take(T * HV * f);
     l.bad = take(((size_t)p.num_seqs * HV + 1) * sizeof(int32_t));
   }
-  l.total_fwd = off;
-  off = shared_end;
+  l.total_fwd = off;  // the backward's buffers follow
   const size_t planes = 2 * sizeof(uint16_t);  // hi/lo bf16 per value
   l.hs = take(NT * HV * KV * planes);
   l.dhs = take(NT * HV * KV * planes);
@@ -123,13 +124,18 @@ KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
   k.bet = reinterpret_cast<float*>(w + l.bet);
   k.Tp = reinterpret_cast<__nv_bfloat16*>(w + l.Tp);
   k.Pp = reinterpret_cast<__nv_bfloat16*>(w + l.Pp);
-  if (p.fast_forward && !bwd) {
+  if (bwd ? p.backward_path != GdnProblem::BwdPath::Bf16x2 : p.fast_forward) {
     k.kh = w + l.kh;
     k.qh = w + l.qh;
     k.fx = reinterpret_cast<float*>(w + l.fx);
     k.fq = reinterpret_cast<float*>(w + l.fq);
     k.dec = reinterpret_cast<float*>(w + l.dec);
     k.f16_bad = reinterpret_cast<int*>(w + l.bad);
+    // the fp16 T and P planes: the forward's Tp and Pp; the backward's Pp as [NT,HV,{T,P},64,64]
+    // (its Tp keeps the hi/lo T planes that bwd_chunk multiplies)
+    k.T16 = bwd ? k.Pp : k.Tp;
+    k.P16 = bwd ? k.Pp + C * C : k.Pp;
+    k.tp16_st = bwd ? 2 * C * C : C * C;
   }
   if (bwd) {
     k.hs = reinterpret_cast<__nv_bfloat16*>(w + l.hs);
@@ -147,7 +153,7 @@ void check_launch(const char* name) { check_cuda(cudaGetLastError(), name); }
 // Raises a kernel's dynamic shared-memory limit once per (kernel, device).
 template <class K>
 void set_smem(K kernel, size_t bytes, int slot) {
-  static std::atomic<uint64_t> done[8][64];  // [slot: one per kernel][device]
+  static std::atomic<uint64_t> done[16][64];  // [slot: one per kernel][device]
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   auto& flag = done[slot][dev & 63];
@@ -201,9 +207,11 @@ unsigned grid1d(int64_t blocks, const char* what) {
   return (unsigned)blocks;
 }
 
-// l2norm scales and prep (f16: the fast forward's prep). A fallback launch (k.run_if set) skips
-// the l2norm scales: the fast forward computed them already.
-void launch_common_fwd(const KParams& k, const GdnProblem& p, cudaStream_t s, Prof& pr, bool f16) {
+// l2norm scales and prep. Kinds: the bf16x2 prep (kPrepHL), the fast forward's (kPrepF16), the
+// fast backward's (kPrepB16). A fallback launch (k.run_if set) skips the l2norm scales: the fast
+// path computed them already.
+enum PrepKind { kPrepHL, kPrepF16, kPrepB16 };
+void launch_common_fwd(const KParams& k, const GdnProblem& p, cudaStream_t s, Prof& pr, PrepKind kind) {
   if (p.qk_l2norm && p.total_tokens > 0 && !k.run_if) {
     const dim3 grid(grid1d((p.total_tokens + kRstdTokens - 1) / kRstdTokens, "l2norm"), (unsigned)(2 * p.H));
     gdn_l2norm_rstd_kernel<<<grid, kRstdThreads, 0, s>>>(k);
@@ -214,14 +222,15 @@ void launch_common_fwd(const KParams& k, const GdnProblem& p, cudaStream_t s, Pr
     // one block per (chunk, key head) group; the fallback launch (k.run_if) walks the groups on a
     // small grid (gdn_prep_fallback_kernel)
     struct Prep { void (*kern)(KParams); int slot; const char* name; };
-    const Prep pk = f16 ? Prep{gdn_prep16_kernel, 5, "gdn_prep16_kernel"}
-                    : k.run_if ? Prep{gdn_prep_fallback_kernel, 6, "gdn_prep_fallback_kernel"}
-                               : Prep{gdn_prep_kernel, 0, "gdn_prep_kernel"};
+    const Prep pk = kind == kPrepF16   ? Prep{gdn_prep16_kernel, 5, "gdn_prep16_kernel"}
+                    : kind == kPrepB16 ? Prep{gdn_prep16b_kernel, 7, "gdn_prep16b_kernel"}
+                    : k.run_if         ? Prep{gdn_prep_fallback_kernel, 6, "gdn_prep_fallback_kernel"}
+                                       : Prep{gdn_prep_kernel, 0, "gdn_prep_kernel"};
     set_smem(pk.kern, prep_smem_bytes(), pk.slot);
     const int64_t items = p.num_chunks * p.H, fb = 3 * (int64_t)sm_count();
     pk.kern<<<grid1d(k.run_if && items > fb ? fb : items, "prep"), 256, prep_smem_bytes(), s>>>(k);
     check_launch(pk.name);
-    pr.mark(f16 ? "prep(fp16)" : k.run_if ? "prep fallback" : "prep");
+    pr.mark(kind == kPrepF16 ? "prep(fp16)" : kind == kPrepB16 ? "prep(fp16, bwd)" : k.run_if ? "prep fallback" : "prep");
   }
 }
 
@@ -299,7 +308,7 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
     // (run_if) redo the forward (o, final state) of exactly those pairs, and return at once
     // everywhere else. No host synchronisation either way.
     check_cuda(cudaMemsetAsync(k.f16_bad, 0, ((size_t)p.num_seqs * p.HV + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
-    launch_common_fwd(k, p, s, pr, true);
+    launch_common_fwd(k, p, s, pr, kPrepF16);
     if (p.num_seqs > 0) {
       const int64_t blocks = p.num_seqs * p.HV * seq_t_slices();
       set_smem(gdn_state16t_kernel, seq_t_smem_bytes(), 4);
@@ -309,7 +318,7 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
     }
     k.run_if = k.f16_bad;
   }
-  launch_common_fwd(k, p, s, pr, false);
+  launch_common_fwd(k, p, s, pr, kPrepHL);
   if (p.num_seqs > 0) {
     set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
     gdn_state_kernel<<<grid1d(p.num_seqs * p.HV * NVS, "state"), 256, seq_smem_bytes(), s>>>(k, 1);
@@ -349,13 +358,56 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
   k.pair_dq = pairs_ok(io.dq, io.dq_st, io.dq_sh);
   k.pair_dk = pairs_ok(io.dk, io.dk_st, io.dk_sh);
   Prof pr(s);
-  launch_common_fwd(k, p, s, pr, false);
+  using Path = GdnProblem::BwdPath;
+  const bool fast = p.total_tokens > 0 && (p.backward_path == Path::Fp16 ||
+                                           (p.backward_path == Path::Auto && p.num_seqs * p.HV * seq_t_slices() >= sm_count()));
+  if (fast) {
+    // The fast backward: the reverse pass (the state gradient, the longest sequential pass) on fp16
+    // operands that it scales itself (gdn_dh16t_kernel), and the state recompute on bf16x2
+    // (gdn_state_kernel, mode 2: fp16 states cost the gate gradients' sums, dA_log and ddt_bias,
+    // up to 3e-3 relative error). The two are independent; the recompute is launched as the
+    // reverse pass's programmatic dependent, so its blocks fill the SM room the reverse pass
+    // leaves instead of waiting for it, and it waits for the reverse pass to finish before it
+    // exits (griddepcontrol.wait), so that bwd_chunk, launched after it, sees both.
+    // Note [f16 guard] (gdn_forward): prep's fp16 q/k, T and P are range-checked as in the fast
+    // forward; flagged (sequence, value head)s are redone by the bf16x2 launches below, which
+    // return at once everywhere else.
+    check_cuda(cudaMemsetAsync(k.f16_bad, 0, ((size_t)p.num_seqs * p.HV + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
+    launch_common_fwd(k, p, s, pr, kPrepB16);
+    if (p.num_seqs > 0) {
+      set_smem(gdn_dh16t_kernel, dh16t_smem_bytes(), 8);
+      gdn_dh16t_kernel<<<grid1d(p.num_seqs * p.HV * seq_t_slices(), "dh"), 128, dh16t_smem_bytes(), s>>>(k);
+      check_launch("gdn_dh16t_kernel");
+      set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(grid1d(p.num_seqs * p.HV * NVS, "state"));
+      cfg.blockDim = dim3(256);
+      cfg.dynamicSmemBytes = seq_smem_bytes();
+      cfg.stream = s;
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr.val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      check_cuda(cudaLaunchKernelEx(&cfg, gdn_state_kernel, k, 2), "gdn_state_kernel (recompute)");
+      pr.mark("dh (fp16) + state(recompute h)");
+    }
+    k.run_if = k.f16_bad;
+  }
+  launch_common_fwd(k, p, s, pr, kPrepHL);
   if (p.num_seqs > 0) {
     const int64_t nseq = p.num_seqs * p.HV * NVS;
     set_smem(gdn_state_dh_kernel, seq_smem_bytes(), 2);
     gdn_state_dh_kernel<<<grid1d(2 * nseq, "state+dh"), 256, seq_smem_bytes(), s>>>(k, nseq);
     check_launch("gdn_state_dh_kernel");
-    pr.mark("state(recompute h) + dh");
+    pr.mark(k.run_if ? "fallback (not taken: returns)" : "state(recompute h) + dh");
+  }
+  if (io.fell_back) {
+    if (k.run_if)
+      check_cuda(cudaMemcpyAsync(io.fell_back, k.f16_bad + p.num_seqs * p.HV, sizeof(int32_t), cudaMemcpyDeviceToDevice, s),
+                 "cudaMemcpyAsync");
+    else
+      check_cuda(cudaMemsetAsync(io.fell_back, 0, sizeof(int32_t), s), "cudaMemsetAsync");
   }
   if (p.num_chunks > 0) {
     set_smem(gdn_bwd_chunk_kernel, bwd_smem_bytes(), 3);

@@ -45,7 +45,14 @@
 // device as it is written; each (sequence, value head) whose operands left the safe range
 // (a magnitude >= 2^15, or an operand whose largest magnitude over the sequence is below 2^-12,
 // e.g. v ~ 1e-5) is recomputed on the bf16x2 path by the same launch sequence, without a host
-// synchronisation (GdnFwdOut::fell_back reports it). The backward always uses bf16x2.
+// synchronisation (GdnFwdOut::fell_back reports it). The BACKWARD may run its reverse pass (the
+// state gradient, the longest sequential pass) on fp16 operands (backward_path): it scales them
+// itself, each product's gradient operand multiplied by a power of two chosen from its largest
+// magnitude just before it is rounded to fp16, so gradients of any scale keep 11 significant
+// bits and need no guard; only prep's fp16 q/k, T and P copies are range-checked, with the same
+// bf16x2 fallback (GdnBwdIO::fell_back). The state recompute and the other backward products
+// stay bf16x2: fp16 states cost the gate-parameter gradients (dA_log, ddt_bias: sums over every
+// token) up to 3e-3 relative error.
 // Results are bitwise deterministic for a given input and device. Decay factors
 // exp(gamma_r - gamma_j) are only ever formed on the kept side (r >= j) and masking is done by
 // selection, never by multiplying a possibly infinite value by 0. All offsets are int64. Grids are
@@ -110,9 +117,17 @@ struct GdnProblem {
 
   const float* initial_state = nullptr;  // optional [N,HV,K,V]
 
-  // Forward only: fp16 operands with a range-checked bf16x2 fallback (see Numerics above).
-  // false: always the bf16x2 path.
+  // Forward: fp16 operands with a range-checked bf16x2 fallback (see Numerics above); false:
+  // always the bf16x2 path.
   bool fast_forward = true;
+  // Backward: the reverse pass on fp16 operands (Fp16), on bf16x2 (Bf16x2), or (Auto) fp16 when
+  // the batch has at least as many (sequence, value head, 64-wide V slice) items as the GPU has
+  // SMs. The fp16 reverse pass takes 0.56 ms at 1x8192 with 48 value heads against the bf16x2
+  // pair kernel's 1.13 ms, but the state recompute it leaves then runs on its own (0.63 ms); with
+  // fewer items than SMs that sum is slower than the pair kernel (H200: 2.71 vs 2.61 ms for
+  // 1x8192; 2.38 vs 2.53 ms for 4x2048, docs/PERF.md).
+  enum class BwdPath : int32_t { Auto = 0, Fp16 = 1, Bf16x2 = 2 };
+  BwdPath backward_path = BwdPath::Auto;
 };
 
 struct GdnFwdOut {
@@ -139,6 +154,8 @@ struct GdnBwdIO {
   float* dA_log = nullptr;  // [HV] (gate_fused only)
   float* ddt_bias = nullptr;// [HV] (gate_fused only)
   float* d_initial_state = nullptr;  // optional [N,HV,K,V]
+  // optional device int32: set to 1 when the fast backward had to fall back to bf16x2, else 0
+  int32_t* fell_back = nullptr;
 };
 
 // Scratch sizes in bytes (256-byte aligned base expected; cudaMalloc memory is).

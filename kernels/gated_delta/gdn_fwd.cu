@@ -98,13 +98,19 @@ __device__ __forceinline__ void inv_merge(const float* As, float* Ts, float* X, 
 // formed them G times). With p.run_if set (the fallback), only the flagged (sequence, value head)s
 // are redone.
 //
-// F16 (the fast forward, gdn_mma16.cuh): T and P as one fp16 plane each, plus fp16 copies of
-// the chunk's raw q/k rows (exact: a bf16 value converts exactly to fp16 inside the checked
-// range, up to 2^-25 below 2^-17) for the state kernel. The q/k tiles are range-checked; T (unit
-// diagonal) and P only for overflow: a P whose entries are all tiny comes from q.k cancelling,
-// next to which 2^-25 is nothing.
-template <bool F16>
+// Modes: kPrepHL (the bf16x2 paths) writes T and P as hi/lo bf16 planes (p.Tp, p.Pp).
+// kPrepF16 (the fast forward, gdn_mma16.cuh) writes T and P as one fp16 plane each (p.T16, p.P16),
+// plus fp16 copies of the chunk's raw q/k rows (exact: a bf16 value converts exactly to fp16
+// inside the checked range, up to 2^-25 below 2^-17) and the row factors for the register-state
+// kernels. The q/k tiles are range-checked; T (unit diagonal) and P only for overflow: a P whose
+// entries are all tiny comes from q.k cancelling, next to which 2^-25 is nothing.
+// kPrepB16 (the fast backward) writes everything kPrepF16 does plus T's hi/lo planes (p.Tp), which
+// bwd_chunk multiplies.
+enum { kPrepHL = 0, kPrepF16 = 1, kPrepB16 = 2 };
+template <int MODE>
 __device__ __forceinline__ void prep_group(const KParams& p, float* sm, int64_t c, int h) {
+  constexpr bool F16 = MODE != kPrepHL;  // fp16 T, P, q/k copies and row factors
+  constexpr bool HLT = MODE != kPrepF16;  // T's hi/lo planes
   __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][LDKB] raw
   __nv_bfloat16* Qb = Kb + C * LDKB;
   __nv_bfloat16* Ps = Qb;  // once the products are in registers: P hi/lo planes, swizzled [2][64][64]
@@ -161,7 +167,7 @@ __device__ __forceinline__ void prep_group(const KParams& p, float* sm, int64_t 
     p.f16_bad[p.N * p.HV] = 1;
   }
 
-  constexpr int NPL = F16 ? 1 : 2;  // planes per matrix
+  constexpr int NPL = F16 ? 1 : 2;  // planes of P
   for (int hv = h * p.G; hv < (h + 1) * p.G; ++hv) {
     if (p.run_if && !p.run_if[(int64_t)n * p.HV + hv]) continue;  // (uniform over the block)
     __syncthreads();  // the previous head is done with gam, bet, As, Ts, Ps and amax[0..1]
@@ -256,7 +262,7 @@ __device__ __forceinline__ void prep_group(const KParams& p, float* sm, int64_t 
     }
     __syncthreads();
     if (warp >= 2) {  // P planes to global as 16-byte rows (warps 0-1 start the inverse meanwhile)
-      __nv_bfloat16* P = p.Pp + (c * p.HV + hv) * (int64_t)(NPL * C * C);
+      __nv_bfloat16* P = F16 ? p.P16 + (c * p.HV + hv) * p.tp16_st : p.Pp + (c * p.HV + hv) * (int64_t)(2 * C * C);
       for (int v = tid - 64; v < NPL * C * C / 8; v += kPrepThreads - 64) {
         const int pl = v >> 9, r = (v >> 3) & 63, c8 = (v & 7) * 8;
         *reinterpret_cast<uint4*>(P + v * 8) = *reinterpret_cast<const uint4*>(Ps + pl * C * C + swz<C>(r, c8));
@@ -286,7 +292,8 @@ __device__ __forceinline__ void prep_group(const KParams& p, float* sm, int64_t 
     inv_merge<1>(As, Ts, scr, warp);
     inv_merge<2>(As, Ts, scr, warp);
     inv_merge<3>(As, Ts, scr, warp);
-    __nv_bfloat16* Tpg = p.Tp + (c * p.HV + hv) * (int64_t)(NPL * C * C);  // hi/lo planes (F16: one)
+    __nv_bfloat16* Tpg = p.Tp + (c * p.HV + hv) * (int64_t)(2 * C * C);  // hi/lo planes
+    __nv_bfloat16* T16g = F16 ? p.T16 + (c * p.HV + hv) * p.tp16_st : nullptr;  // the fp16 plane
     AbsMax m;
     for (int i = 8 * tid; i < C * C; i += 8 * kPrepThreads) {  // 8 elements: 16-byte stores per plane
       const float* src = Ts + (i >> 6) * LDC + (i & 63);
@@ -295,8 +302,9 @@ __device__ __forceinline__ void prep_group(const KParams& p, float* sm, int64_t 
       const float4 a = upper ? z : *reinterpret_cast<const float4*>(src), b = upper ? z : *reinterpret_cast<const float4*>(src + 4);
       if constexpr (F16) {
         for (float x : {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}) m.add(x);
-        *reinterpret_cast<uint4*>(Tpg + i) = make_uint4(pack_h2(a.x, a.y), pack_h2(a.z, a.w), pack_h2(b.x, b.y), pack_h2(b.z, b.w));
-      } else {
+        *reinterpret_cast<uint4*>(T16g + i) = make_uint4(pack_h2(a.x, a.y), pack_h2(a.z, a.w), pack_h2(b.x, b.y), pack_h2(b.z, b.w));
+      }
+      if constexpr (HLT) {
         uint4 hi, lo;
         split2(a.x, a.y, hi.x, lo.x);
         split2(a.z, a.w, hi.y, lo.y);
@@ -321,7 +329,7 @@ __device__ __forceinline__ void prep_group(const KParams& p, float* sm, int64_t 
 // grid NT * H: block (c, h) = bid (c-major)
 __global__ void __launch_bounds__(kPrepThreads, kPrepMinBlocks) gdn_prep_kernel(KParams p) {
   extern __shared__ __align__(16) float sm[];
-  prep_group<false>(p, sm, blockIdx.x / p.H, (int)(blockIdx.x % p.H));
+  prep_group<kPrepHL>(p, sm, blockIdx.x / p.H, (int)(blockIdx.x % p.H));
 }
 // The fast forward's fallback prep, on a small grid (the full one cost 0.011 ms at 1x8192 even
 // when nothing was flagged): nothing to do unless some pair was flagged (the flag one past the
@@ -336,13 +344,17 @@ __global__ void __launch_bounds__(kPrepThreads, kPrepMinBlocks) gdn_prep_fallbac
     bool any = false;
     for (int j = 0; j < p.G; ++j) any |= flag[j] != 0;
     if (!any) continue;
-    prep_group<false>(p, sm, c, h);
+    prep_group<kPrepHL>(p, sm, c, h);
     __syncthreads();  // the next group reuses the shared memory
   }
 }
 __global__ void __launch_bounds__(kPrepThreads, kPrepMinBlocks) gdn_prep16_kernel(KParams p) {
   extern __shared__ __align__(16) float sm[];
-  prep_group<true>(p, sm, blockIdx.x / p.H, (int)(blockIdx.x % p.H));
+  prep_group<kPrepF16>(p, sm, blockIdx.x / p.H, (int)(blockIdx.x % p.H));
+}
+__global__ void __launch_bounds__(kPrepThreads, kPrepMinBlocks) gdn_prep16b_kernel(KParams p) {
+  extern __shared__ __align__(16) float sm[];
+  prep_group<kPrepB16>(p, sm, blockIdx.x / p.H, (int)(blockIdx.x % p.H));
 }
 
 }  // namespace qrun::gdn::detail

@@ -31,10 +31,15 @@ struct KParams {
   float* gam; float* bet;    // [T,HV]
   __nv_bfloat16* Tp; __nv_bfloat16* Pp;  // [NT,HV,2,64,64] bf16 hi/lo planes of T and P
                                          // (f16 forward: [NT,HV,64,64], one fp16 plane)
-  void* kh; void* qh;        // f16 forward: [T,H,K] raw fp16 copies of k, q
-  float* fx; float* fq; float* dec;  // f16 forward: [T,HV] row factors of the register-state kernel
+  __nv_bfloat16* T16; __nv_bfloat16* P16;  // fp16 paths: the one-plane fp16 T and P of item
+  int64_t tp16_st;                          // (chunk c, value head hv) at (c*HV+hv)*tp16_st: the
+                                            // forward's Tp/Pp (stride C*C); the fast backward's
+                                            // Pp as [NT,HV,{T,P},64,64] (stride 2*C*C), Tp
+                                            // keeping the hi/lo T planes bwd_chunk multiplies
+  void* kh; void* qh;        // fp16 paths: [T,H,K] raw fp16 copies of k, q
+  float* fx; float* fq; float* dec;  // fp16 paths: [T,HV] row factors of the register-state kernels
                              // (beta e^gam rsK, e^gam rsQ, e^{gam_L - gam} rsK; written by prep16)
-  int* f16_bad;              // f16 forward: [N*HV] 1 where a sequence's fp16 operands of value
+  int* f16_bad;              // fp16 paths: [N*HV] 1 where a sequence's fp16 operands of value
                              // head hv were out of range; [N*HV] (one past) 1 if any was
   const int* run_if;         // fallback launches: only the (sequence, value head) pairs flagged here
   // backward workspace, written by the state recompute and the dh pass, read by bwd_chunk: the

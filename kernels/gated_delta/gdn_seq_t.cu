@@ -21,6 +21,9 @@
 // and fp16 roundings of S, Y, D and D' (gdn_mma16.cuh), fp32 accumulation and state, the same
 // range check (F16 guard) reported through p.f16_bad. The row factors come from prep
 // (p.fx, p.fq, p.dec), so the step evaluates no exponential but e^{gam_L}.
+//
+// The backward's reverse pass (gdn_dh16t_kernel, v35, below) has the same shape, with the state
+// gradient dS^T in registers and its fp16 operands scaled per product.
 #include "gdn_common.cuh"
 #include "gdn_kernels.cuh"
 #include "gdn_mma16.cuh"
@@ -38,22 +41,38 @@ constexpr int kPL = C * C;          // a swizzled [64][64] fp16 plane
 constexpr int kVT = C * kTLD;       // a [64][kTLD] bf16 tile
 constexpr int kNVec = 4;            // row vectors: beta, fx, fq, dec ([64] floats each), then gam_L
 
-// One chunk's shared operands (a buffer; two of them alternate by chunk parity).
+// What a register-state block computes: the forward (o, final state) or the backward's reverse
+// pass (dhs, dDl, dh0).
+enum { kFwd = 0, kDh = 1 };
+
+// One chunk's shared operands (a buffer; two of them alternate by chunk parity). Per kind:
+// kFwd K, Q, T, P, v; kDh K, T, P, dO (in V's place; its q tile is single-buffered after the two
+// buffers, see gdn_dh16t_kernel). Absent members are null.
 struct TBuf {
   __nv_bfloat16 *K, *Q, *T, *P, *V;  // K, Q, T, P: fp16 bits; V: raw bf16
   float *fb, *fx, *fq, *dec, *gl;
 };
-constexpr size_t kTBufBytes = (size_t)(2 * kKQ + 2 * kPL + kVT) * 2 + (kNVec * C + 32) * sizeof(float);  // (gam_L padded to 128 bytes)
-static_assert(kTBufBytes % 128 == 0, "buffers stay 128-byte aligned");
+constexpr size_t buf_bytes(int kind) {
+  return (size_t)((kind == kFwd ? 2 : 1) * kKQ + 2 * kPL + kVT) * 2 +
+         (kNVec * C + 32) * sizeof(float);  // (gam_L padded to 128 bytes)
+}
+static_assert(buf_bytes(kFwd) % 128 == 0 && buf_bytes(kDh) % 128 == 0,
+              "buffers stay 128-byte aligned");
+constexpr size_t kTBufBytes = buf_bytes(kFwd);
 
+template <int KIND>
 __device__ __forceinline__ TBuf tbuf(unsigned char* base, int b) {
   TBuf t;
-  __nv_bfloat16* e = reinterpret_cast<__nv_bfloat16*>(base + b * kTBufBytes);
+  __nv_bfloat16* e = reinterpret_cast<__nv_bfloat16*>(base + b * buf_bytes(KIND));
   t.K = e;
-  t.Q = t.K + kKQ;
-  t.T = t.Q + kKQ;
-  t.P = t.T + kPL;
-  t.V = t.P + kPL;
+  e += kKQ;
+  t.Q = KIND == kFwd ? e : nullptr;
+  e += KIND == kFwd ? kKQ : 0;
+  t.T = e;
+  e += kPL;
+  t.P = e;
+  e += kPL;
+  t.V = e;
   float* f = reinterpret_cast<float*>(t.V + kVT);
   t.fb = f;
   t.fx = f + C;
@@ -63,52 +82,67 @@ __device__ __forceinline__ TBuf tbuf(unsigned char* base, int b) {
   return t;
 }
 
-// Issues the cp.async copies of chunk g's operands into buffer b (rows >= L zero-filled; v by
+// cp.async copies of the chunk's fp16 copies of k (or q) and, with BOTH, also q (key head h) into
+// swizzled [64][128] tiles, rows >= L zero-filled: 8 rows per pass, 16 pieces of 8 per row. The
+// caller commits.
+template <bool BOTH>
+__device__ __forceinline__ void ld_h16(__nv_bfloat16* d0p, const void* s0, __nv_bfloat16* d1p, const void* s1,
+                                       const KParams& p, int h, const ChunkGeo& g) {
+  const int tid = threadIdx.x;
+  // (row offsets inside a chunk in 32 bits: 63 rows x H x 128 elements)
+  const int r0 = tid >> 4, c8 = (tid & 15) * 8, d0 = swz<DK>(r0, c8);
+  const int rst = p.H * DK;  // row stride of the fp16 q/k copies
+  const int64_t off = (g.t0 * p.H + h) * (int64_t)DK + c8;
+  const __half* src0 = static_cast<const __half*>(s0) + off;
+  const __half* src1 = BOTH ? static_cast<const __half*>(s1) + off : nullptr;
+#pragma unroll
+  for (int i = 0; i < C / 8; ++i) {
+    const int r = r0 + 8 * i;
+    const bool ok = r < g.L;
+    const int ro = ok ? r * rst : 0;
+    cp_async16(d0p + d0 + 8 * i * DK, src0 + ro, ok ? 16 : 0);
+    if constexpr (BOTH) cp_async16(d1p + d0 + 8 * i * DK, src1 + ro, ok ? 16 : 0);
+  }
+}
+
+// Issues the cp.async copies of chunk g's operands into buffer b (rows >= L zero-filled; v / dO by
 // plain stores when its rows are not 16-byte aligned). The caller commits. Thread tid copies the
 // same columns of rows tid/16 + 8i (q/k) and tid/8 + 16i (T, P, v) in every chunk, so the
 // swizzled destinations are fixed offsets plus multiples of a row block.
+template <int KIND>
 __device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, int hv, int v0, const ChunkGeo& g) {
   const int tid = threadIdx.x;
-  {  // q/k: 8 rows per pass, 16 pieces of 8 per row
-    // (row offsets inside a chunk in 32 bits: 63 rows x H x 128 elements)
-    const int r0 = tid >> 4, c8 = (tid & 15) * 8, d0 = swz<DK>(r0, c8);
-    const int rst = p.H * DK;  // row stride of the fp16 q/k copies
-    const int64_t off = (g.t0 * p.H + h) * (int64_t)DK + c8;
-    const __half* kh = static_cast<const __half*>(p.kh) + off;
-    const __half* qh = static_cast<const __half*>(p.qh) + off;
-#pragma unroll
-    for (int i = 0; i < C / 8; ++i) {
-      const int r = r0 + 8 * i;
-      const bool ok = r < g.L;
-      const int ro = ok ? r * rst : 0;
-      cp_async16(b.K + d0 + 8 * i * DK, kh + ro, ok ? 16 : 0);
-      cp_async16(b.Q + d0 + 8 * i * DK, qh + ro, ok ? 16 : 0);
-    }
-  }
+  ld_h16<KIND == kFwd>(b.K, p.kh, b.Q, p.qh, p, h, g);
   const int r0 = tid >> 3, c8 = (tid & 7) * 8;  // T, P, v: 16 rows per pass, 8 pieces per row
   {
     const int d0 = swz<C>(r0, c8);
-    const int64_t pl = (g.c * p.HV + hv) * (int64_t)kPL + tid * 8;
+    // (the forward's planes are p.Tp, p.Pp at a fixed stride: p.T16, p.P16 there)
+    const int64_t pl = (g.c * p.HV + hv) * (KIND == kFwd ? (int64_t)kPL : p.tp16_st) + tid * 8;
+    const __nv_bfloat16* Tsrc = KIND == kFwd ? p.Tp : p.T16;
+    const __nv_bfloat16* Psrc = KIND == kFwd ? p.Pp : p.P16;
 #pragma unroll
     for (int i = 0; i < C / 16; ++i) {
-      cp_async16(b.T + d0 + 16 * i * C, p.Tp + pl + i * 16 * C, 16);
-      cp_async16(b.P + d0 + 16 * i * C, p.Pp + pl + i * 16 * C, 16);
+      cp_async16(b.T + d0 + 16 * i * C, Tsrc + pl + i * 16 * C, 16);
+      cp_async16(b.P + d0 + 16 * i * C, Psrc + pl + i * 16 * C, 16);
     }
   }
   static_assert(kTV == 64, "v rows are 8 pieces of 8");
-  const __nv_bfloat16* vb = bf16_at(p.v, g.t0 * p.v_st + (int64_t)hv * p.v_sh + v0);
-  if (p.vec_v) {
+  // v (the forward) or dO (the reverse pass)
+  const void* xs = KIND == kDh ? p.dO : p.v;
+  const int64_t x_st = KIND == kDh ? p.do_st : p.v_st, x_sh = KIND == kDh ? p.do_sh : p.v_sh;
+  const __nv_bfloat16* vb = bf16_at(xs, g.t0 * x_st + (int64_t)hv * x_sh + v0);
+  if (KIND == kDh ? p.vec_do : p.vec_v) {
 #pragma unroll
     for (int i = 0; i < C / 16; ++i) {
       const int r = r0 + 16 * i;
       const bool ok = r < g.L;
-      cp_async16(b.V + r * kTLD + c8, vb + (ok ? r * p.v_st : 0) + c8, ok ? 16 : 0);
+      cp_async16(b.V + r * kTLD + c8, vb + (ok ? r * x_st : 0) + c8, ok ? 16 : 0);
     }
   } else {
     const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
     for (int i = tid; i < C * kTV; i += kTThreads) {
       const int r = i / kTV, cc = i % kTV;
-      b.V[r * kTLD + cc] = r < g.L ? vb[r * p.v_st + cc] : z;
+      b.V[r * kTLD + cc] = r < g.L ? vb[r * x_st + cc] : z;
     }
   }
   {  // row factors (0 beyond L): threads 0-63 beta and fx, 64-127 fq and dec; thread 0 gam_L
@@ -157,6 +191,119 @@ __device__ __forceinline__ uint32_t pack_bf2(float x, float y) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// B (16 x 16 tiles, k-block kk, n-blocks np <= kk) of a 64 x 64 fp16 plane M stored [k][n] that is
+// zero in every 16 x 16 block above the diagonal (T, P): acc (16 x 64) += A M, A's k-block kk
+// meeting only M's blocks np <= kk of its row.
+__device__ __forceinline__ void mma_lower_kn(float (&acc)[8][4], const uint32_t (&a)[4][4], const __nv_bfloat16* M, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int np = 0; np <= kk; ++np) {
+      uint32_t bm[4];
+      ldsm_x4_t(bm, M + b_off_sw<C>(16 * kk, 16 * np, lane));
+      mma_f16(acc[2 * np], a[kk], bm[0], bm[1]);
+      mma_f16(acc[2 * np + 1], a[kk], bm[2], bm[3]);
+    }
+}
+
+// acc (16 x 128, 16 n8 tiles) += A M for a swizzled [64][128] fp16 tile M stored [k][n] (K, Q rows).
+__device__ __forceinline__ void mma_rows_kn(float (&acc)[16][4], const uint32_t (&a)[4][4], const __nv_bfloat16* M, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int np = 0; np < 8; ++np) {
+      uint32_t bm[4];
+      ldsm_x4_t(bm, M + b_off_sw<DK>(16 * kk, 16 * np, lane));
+      mma_f16(acc[2 * np], a[kk], bm[0], bm[1]);
+      mma_f16(acc[2 * np + 1], a[kk], bm[2], bm[3]);
+    }
+}
+
+// A fragments (k-block kk = 16-column block of the chunk rows r) of a warp's transposed 16 x 64
+// accumulator tile X^T, as fp16 pairs of f(nn, e, x): n8 tiles 2kk and 2kk+1 are exactly the A
+// fragment of k-block kk.
+template <class F>
+__device__ __forceinline__ void pack_a16(uint32_t (&a)[4][4], const float (&x)[8][4], F f) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int nn = 2 * kk + u;
+        a[kk][2 * u + hh] = pack_h2(f(nn, 2 * hh, x[nn][2 * hh]), f(nn, 2 * hh + 1, x[nn][2 * hh + 1]));
+      }
+}
+
+// stmatrix, transposed: lanes 8m..8m+7 give the row addresses of matrix m (16 bytes each); reg m is
+// matrix m's fragment (lane: row gq, columns 2tq, 2tq+1), stored as its transpose.
+__device__ __forceinline__ void stsm_x4_t(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(smem_u32(p)), "r"(a),
+               "r"(b), "r"(c), "r"(d)
+               : "memory");
+}
+
+// Per-warp staging of the plane stores: [2 planes][32 rows][16 columns] bf16 (2 KB), the two
+// 16-byte halves of a row swapped on rows 4-7 mod 8 (conflict-free stmatrix rows).
+constexpr int kStageEl = 2 * 32 * 16;
+__device__ __forceinline__ int stage_off(int plane, int r, int half) {
+  return plane * 512 + r * 16 + ((half ^ ((r >> 2) & 1)) << 3);
+}
+
+// Stores a warp's transposed fp32 tile M^T (rows: its 16 value columns; NN n8 tiles over M's rows
+// i) as the hi/lo bf16 planes of M in the backward's [2][rows][BV] slice layout (slice_planes),
+// columns cw..cw+15 of the 32-wide slice. 32 rows at a time go through the warp's staging area
+// (transposed by stmatrix) and leave as 16-byte pieces, two per 32-byte sector: 4-byte fragment
+// stores straight to global memory cost 0.45 ms at 1x8192 (measured in session 15).
+template <int NN>
+__device__ __forceinline__ void store_planes_t(__nv_bfloat16* dst, const float (&a)[NN][4], int cw, int lane,
+                                               __nv_bfloat16* stage) {
+  static_assert(NN % 4 == 0, "32-row rounds");
+  constexpr int rows = 8 * NN;
+  const int m = lane >> 3, c = lane & 7;  // this lane's stmatrix row address: matrix m, row c
+#pragma unroll
+  for (int rd = 0; rd < NN / 4; ++rd) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int nn = 4 * rd + q;
+      uint32_t hi0, lo0, hi1, lo1;
+      split2(a[nn][0], a[nn][1], hi0, lo0);  // rows j = gq (columns i = 8 nn + 2 tq, +1)
+      split2(a[nn][2], a[nn][3], hi1, lo1);  // rows j = gq + 8
+      // matrices: (hi, j 0-7), (hi, j 8-15), (lo, j 0-7), (lo, j 8-15); stored rows i = 8q + c
+      stsm_x4_t(stage + stage_off(m >> 1, 8 * q + c, m & 1), hi0, hi1, lo0, lo1);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int pc = lane + 32 * t, pl = pc >> 6, r = (pc >> 1) & 31, half = pc & 1;
+      *reinterpret_cast<uint4*>(dst + pl * rows * BV + (32 * rd + r) * BV + cw + 8 * half) =
+          *reinterpret_cast<const uint4*>(stage + stage_off(pl, r, half));
+    }
+    __syncwarp();
+  }
+}
+
+// Power-of-two scale mu (and 1/mu) that brings a largest magnitude m into [2^14, 2^15): the
+// reverse pass's fp16 operands are gradients, which have no fixed range, so each product's A
+// operand is scaled by its own warp's largest magnitude right before it is packed (the product
+// is unscaled in fp32). Exact: a power of two commutes with rounding. Clamped so that mu and
+// 1/mu stay normal (m = 0 or subnormal: any scale will do; NaN stays NaN).
+struct Pow2 {
+  float mu, inv;
+};
+__device__ __forceinline__ Pow2 pow2_scale(float m) {
+  int b = 268 - (int)((__float_as_uint(m) >> 23) & 0xffu);
+  b = b < 2 ? 2 : b > 252 ? 252 : b;
+  return {__uint_as_float((uint32_t)b << 23), __uint_as_float((uint32_t)(254 - b) << 23)};
+}
+
+// The register-state layout's first value column j0 of warp w in the backward's 32-wide slices:
+// slice and column offset inside it.
+__device__ __forceinline__ void bwd_slice(int v0, int j0, int& vsl, int& cw) {
+  vsl = (v0 + j0) / BV;
+  cw = (v0 + j0) % BV;
+}
+
 }  // namespace
 
 size_t seq_t_smem_bytes() { return 2 * kTBufBytes + (size_t)2 * kVT * 2; }
@@ -198,19 +345,19 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  if (c_beg < c_end) t_load(tbuf(smraw, (int)(c_beg & 1)), p, h, hv, v0, chunk_geo(c_beg, c_beg, bos, eos));
+  if (c_beg < c_end) t_load<kFwd>(tbuf<kFwd>(smraw, (int)(c_beg & 1)), p, h, hv, v0, chunk_geo(c_beg, c_beg, bos, eos));
   cp_async_commit();
   for (int64_t c = c_beg; c < c_end; ++c) {
     const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
     const int L = g.L;
-    const TBuf b = tbuf(smraw, (int)(c & 1));
+    const TBuf b = tbuf<kFwd>(smraw, (int)(c & 1));
     cp_async_wait<0>();
     __syncthreads();  // chunk c's operands landed; everyone is done with chunk c-1's buffer and o tile
     if (stage_o && c > c_beg) {
       const ChunkGeo gp = chunk_geo(c - 1, c_beg, bos, eos);
       flush_o(Ob + ((c - 1) & 1) * kVT, gp.t0, gp.L);
     }
-    if (c + 1 < c_end) t_load(tbuf(smraw, (int)((c + 1) & 1)), p, h, hv, v0, chunk_geo(c + 1, c_beg, bos, eos));
+    if (c + 1 < c_end) t_load<kFwd>(tbuf<kFwd>(smraw, (int)((c + 1) & 1)), p, h, hv, v0, chunk_geo(c + 1, c_beg, bos, eos));
     cp_async_commit();
 
     // X^T = S^T K^T and O1^T = S^T Q^T: A = S^T from registers, B = K / Q rows ([n][k] storage)
@@ -370,5 +517,186 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
     p.f16_bad[p.N * p.HV] = 1;
   }
 }
+
+// The backward's reverse pass with the gradient state in registers (the transposed layout of
+// gdn_state16t_kernel; dh_body in gdn_seq.cu is the bf16x2 form and has the derivation). dS^T: rows j
+// (the warp's 16 value columns), k = 128 columns. Per chunk, last to first:
+//   dhs  <- dS (leaving the chunk)
+//   dDelta^T = (dS^T K^T) diag(dec) + s dO^T P            (rows >= L selected to 0) -> dDl
+//   Z^T = -(dDelta^T T) diag(fx),  dO'^T = s dO^T diag(fq)
+//   dS^T <- e^{gam_L} dS^T + dO'^T Q + Z^T K
+// Every product's A operand (dS^T, dO^T, dDelta^T, and Z^T with dO'^T) is scaled by a power of two
+// chosen from its warp's largest magnitude right before it is packed to fp16 (pow2_scale), and the
+// fp32 result unscaled: gradients have no fixed range, so this needs no guard and no fallback.
+// The B operands (fp16 K, Q, T, P from prep) are range-checked by prep. K, T, P, dO and the row
+// factors are double-buffered; the q tile (read last in the step) is single-buffered and loaded
+// at the top of the step, which leaves room for two blocks per SM, or for one beside a block of
+// the bf16x2 state recompute (gdn_state_kernel, launched right after this kernel as its
+// programmatic dependent: the two passes are independent, see gdn_backward).
+__global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
+  // let the dependent recompute launch now: it takes the SM room this grid leaves
+  asm volatile("griddepcontrol.launch_dependents;");
+  extern __shared__ __align__(128) unsigned char smraw[];
+  const SeqBlock sb = seq_block(p, blockIdx.x, kTNS);
+  const int vs = sb.vs, hv = sb.hv, h = sb.h;
+  const int64_t n = sb.n;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int v0 = vs * kTV, j0 = 16 * warp;
+  __nv_bfloat16* const Qs = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * buf_bytes(kDh));
+  __nv_bfloat16* const stage = Qs + kKQ + warp * kStageEl;
+  const int64_t KV = (int64_t)DK * DV;
+  int vsl, cw;
+  bwd_slice(v0, j0, vsl, cw);
+
+  float st[16][4];  // dS^T, lane element (nn, e): j = gq + 8 (e >> 1), i = 8 nn + 2 tq + (e & 1)
+  {
+    const float* dht = p.dht ? p.dht + (n * p.HV + hv) * KV + v0 + j0 : nullptr;
+#pragma unroll
+    for (int nn = 0; nn < 16; ++nn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        st[nn][e] = dht ? dht[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] : 0.f;
+  }
+  const int64_t bos = p.cu[n], eos = p.cu[n + 1];
+  const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
+  if (c_beg < c_end) t_load<kDh>(tbuf<kDh>(smraw, (int)((c_end - 1) & 1)), p, h, hv, v0, chunk_geo(c_end - 1, c_beg, bos, eos));
+  cp_async_commit();
+  for (int64_t c = c_end - 1; c >= c_beg; --c) {
+    const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
+    const int L = g.L;
+    const TBuf b = tbuf<kDh>(smraw, (int)(c & 1));
+    cp_async_wait<0>();
+    __syncthreads();  // chunk c's operands landed; everyone is done with chunk c+1's buffer and q
+    ld_h16<false>(Qs, p.qh, nullptr, nullptr, p, h, g);
+    cp_async_commit();
+    if (c > c_beg) t_load<kDh>(tbuf<kDh>(smraw, (int)((c - 1) & 1)), p, h, hv, v0, chunk_geo(c - 1, c_beg, bos, eos));
+    cp_async_commit();
+    if (c > c_beg) {  // L2 prefetch of the q rows the next step loads at its top (two lines a row)
+      const ChunkGeo g1 = chunk_geo(c - 1, c_beg, bos, eos);
+      const int r = tid >> 1;
+      if (r < g1.L) prefetch_l2(static_cast<const __half*>(p.qh) + ((g1.t0 + r) * p.H + h) * (int64_t)DK + (tid & 1) * 64);
+    }
+    store_planes_t<16>(p.dhs + slice_planes(c, p.HV, hv, vsl, DK), st, cw, lane, stage);  // dS leaving chunk c
+
+    // X^T = dS^T K^T (A = mu_S dS^T)
+    float x[8][4];
+    zero_acc(x);
+    Pow2 sS;
+    {
+      AbsMax m;
+#pragma unroll
+      for (int nn = 0; nn < 16; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) m.add(st[nn][e]);
+      sS = pow2_scale(m.warp_max());
+    }
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      uint32_t a[4];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        a[2 * u] = pack_h2(sS.mu * st[2 * kk + u][0], sS.mu * st[2 * kk + u][1]);
+        a[2 * u + 1] = pack_h2(sS.mu * st[2 * kk + u][2], sS.mu * st[2 * kk + u][3]);
+      }
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t bk[4];
+        ldsm_x4(bk, b.K + bn_off_sw<DK>(16 * kk, 16 * np, lane));
+        mma_f16(x[2 * np], a, bk[0], bk[1]);
+        mma_f16(x[2 * np + 1], a, bk[2], bk[3]);
+      }
+    }
+    // dO^T: transposed ldmatrix gives its A fragments as bf16 pairs (rows j, k = chunk rows r);
+    // Y^T = dO^T P (A = mu_O dO^T)
+    uint32_t va[4][4];
+    AbsMax mO;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      ldsm_x4_t(va[kk], b.V + at_off(kTLD, j0, 16 * kk, lane));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        mO.add(bf_lo(va[kk][i]));
+        mO.add(bf_hi(va[kk][i]));
+      }
+    }
+    // element (nn, e) of dO^T in the accumulator layout (as pack_a16 visits it)
+    const auto dO_at = [&](int nn, int e) {
+      const uint32_t w = va[nn >> 1][2 * (nn & 1) + (e >> 1)];
+      return (e & 1) ? bf_hi(w) : bf_lo(w);
+    };
+    const Pow2 sO = pow2_scale(mO.warp_max());
+    uint32_t oa[4][4];
+    pack_a16(oa, x, [&](int nn, int e, float) { return sO.mu * dO_at(nn, e); });
+    float y[8][4];
+    zero_acc(y);
+    mma_lower_kn(y, oa, b.P, lane);
+    // dDelta^T (rows >= L selected to 0), its planes, and its A fragments (mu_D)
+    const float fy = p.scale * sO.inv;
+    AbsMax mD;
+#pragma unroll
+    for (int nn = 0; nn < 8; ++nn) {
+      const int r = 8 * nn + 2 * tq;
+      const float2 dc = *reinterpret_cast<const float2*>(b.dec + r);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float dv = (e & 1) ? dc.y : dc.x;
+        x[nn][e] = r + (e & 1) < L ? dv * sS.inv * x[nn][e] + fy * y[nn][e] : 0.f;
+        mD.add(x[nn][e]);
+      }
+    }
+    store_planes_t<8>(p.dDl + slice_planes(c, p.HV, hv, vsl, C), x, cw, lane, stage);
+    const Pow2 sD = pow2_scale(mD.warp_max());
+    uint32_t da[4][4];
+    pack_a16(da, x, [&](int, int, float v) { return sD.mu * v; });
+    // Z^T = -(dDelta^T T) diag(fx); dO'^T = s dO^T diag(fq); one scale mu_U for both
+    zero_acc(y);
+    mma_lower_kn(y, da, b.T, lane);
+    // (dO' elements s fq_r dO: formed twice, for the scale and for the pack, instead of kept)
+    const auto dO2_at = [&](int nn, int e) {
+      const float2 fq = *reinterpret_cast<const float2*>(b.fq + 8 * nn + 2 * tq);
+      return p.scale * ((e & 1) ? fq.y : fq.x) * dO_at(nn, e);
+    };
+    AbsMax mU;
+#pragma unroll
+    for (int nn = 0; nn < 8; ++nn) {
+      const int r = 8 * nn + 2 * tq;
+      const float2 fx = *reinterpret_cast<const float2*>(b.fx + r);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        y[nn][e] *= -((e & 1) ? fx.y : fx.x) * sD.inv;
+        mU.add(y[nn][e]);
+        mU.add(dO2_at(nn, e));
+      }
+    }
+    const Pow2 sU = pow2_scale(mU.warp_max());
+    uint32_t za[4][4];
+    pack_a16(za, y, [&](int, int, float v) { return sU.mu * v; });
+    pack_a16(oa, y, [&](int nn, int e, float) { return sU.mu * dO2_at(nn, e); });
+    // dS^T <- e^{gam_L} dS^T + (dO'^T Q + Z^T K) / mu_U
+    float u[16][4];
+    zero_acc(u);
+    mma_rows_kn(u, za, b.K, lane);
+    cp_async_wait<1>();  // q of chunk c (the newer group, chunk c-1's operands, may be in flight)
+    __syncthreads();
+    mma_rows_kn(u, oa, Qs, lane);
+    const float eg = expf(*b.gl);
+#pragma unroll
+    for (int nn = 0; nn < 16; ++nn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nn][e] = eg * st[nn][e] + sU.inv * u[nn][e];
+  }
+  cp_async_wait<0>();
+  if (p.dh0) {
+    float* dh0 = p.dh0 + (n * p.HV + hv) * KV + v0 + j0;
+#pragma unroll
+    for (int nn = 0; nn < 16; ++nn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dh0[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] = st[nn][e];
+  }
+}
+
+// bytes of dynamic shared memory of gdn_dh16t_kernel: two operand buffers, the q tile, the four
+// warps' staging areas
+size_t dh16t_smem_bytes() { return 2 * buf_bytes(kDh) + (size_t)kKQ * 2 + (size_t)kTW * kStageEl * 2; }
 
 }  // namespace qrun::gdn::detail

@@ -6,7 +6,7 @@
 // relative error ||x - ref|| / ||ref|| above 2e-3 for the output and every gradient.
 // QRUN_GDN_QUICK=1 runs a reduced grid (used under compute-sanitizer). The forward runs on fp16
 // operands (the default fast forward) except in the cases that ask for bf16x2 or that drive the
-// fp16 range guard into its bf16x2 fallback; each case checks which forward ran.
+// fp16 range guard into its bf16x2 fallback; each case checks which forward and backward ran.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -52,8 +52,14 @@ struct Case {
   int gpad = 0;  // extra elements per token row of dq, dk, dv: 1 = element stores, 2 = pairs
   DType grad = DType::F32;
   bool bf16x2_fwd = false;  // the bf16x2 forward (fast_forward = false) instead of fp16 operands
+  bool bf16x2_bwd = false;  // the bf16x2 backward (BwdPath::Bf16x2; else BwdPath::Fp16, forced:
+                            // Auto would pick bf16x2 for these small batches)
+  float do_scale = 1.f;     // dO, d_final_state ~ do_scale * N(0, 1) (the fast backward scales its
+                            // gradient operands itself: any scale must pass without a fallback)
+  float qk_scale = 1.f;     // q, k scaled (far from 1 it drives prep's fp16 q/k copies out of range)
   float v_scale = 1.f;      // v ~ v_scale * N(0, 1): far from 1 it drives fp16 out of range
   bool want_fallback = false;  // the fast forward must fall back (true) / must not (false)
+  bool want_bwd_fallback = false;  // likewise the fast backward (only prep's checks apply to it)
   int tiny_seq = -1;  // >= 0: this sequence's v is scaled by 2^-16 (only it falls back; its o is
                       // also compared on its own, where a norm over all rows would not see it)
   int tiny_head = -1;  // >= 0: likewise for this value head in every sequence (only it falls back,
@@ -125,15 +131,15 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
 
   std::vector<float> q(T * H * K), k(T * H * K), v(T * HV * V), g(T * HV), a(T * HV), beta(T * HV),
       A_log(HV), dt_bias(HV), dO(T * HV * V);
-  for (auto& x : q) x = bf16r(nd(rng) * ks);
-  for (auto& x : k) x = bf16r(nd(rng) * ks);
+  for (auto& x : q) x = bf16r(nd(rng) * ks * cs.qk_scale);
+  for (auto& x : k) x = bf16r(nd(rng) * ks * cs.qk_scale);
   for (auto& x : v) x = bf16r(nd(rng) * cs.v_scale);
   if (cs.tiny_seq >= 0)
     for (int64_t i = (int64_t)cu[cs.tiny_seq] * HV * V; i < (int64_t)cu[cs.tiny_seq + 1] * HV * V; ++i) v[i] *= 0x1p-16f;
   if (cs.tiny_head >= 0)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t e = 0; e < V; ++e) v[(t * HV + cs.tiny_head) * V + e] *= 0x1p-16f;
-  for (auto& x : dO) x = bf16r(nd(rng));
+  for (auto& x : dO) x = bf16r(nd(rng) * cs.do_scale);
   for (auto& x : g) {
     if (cs.gate_kind == 0) x = -1e-3f * ud(rng);
     else if (cs.gate_kind == 1) x = -std::log1p(std::exp(-nd(rng))) / 16.f;
@@ -168,7 +174,7 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
     for (auto& x : beta) x = bf16r(x);
   std::vector<float> h0, dht;
   if (cs.h0) { h0.resize(N * HV * K * V); for (auto& x : h0) x = 0.3f * nd(rng); }
-  if (cs.dht) { dht.resize(N * HV * K * V); for (auto& x : dht) x = nd(rng); }
+  if (cs.dht) { dht.resize(N * HV * K * V); for (auto& x : dht) x = nd(rng) * cs.do_scale; }
 
   // reference
   ref::Inputs in;
@@ -220,6 +226,7 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
   float* d_h0 = cs.h0 ? upload(h0) : nullptr;
   p.initial_state = d_h0;
   p.fast_forward = !cs.bf16x2_fwd;
+  p.backward_path = cs.bf16x2_bwd ? GdnProblem::BwdPath::Bf16x2 : GdnProblem::BwdPath::Fp16;
 
   const size_t ws_f = gdn_fwd_workspace_bytes(p), ws_b = gdn_bwd_workspace_bytes(p);
   void* ws = dalloc<char>(std::max(ws_f, ws_b));
@@ -269,8 +276,14 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
   CK(cudaMemset(io.dg, 0xff, T * HV * 4)); CK(cudaMemset(io.dbeta, 0xff, T * HV * 4));
   CK(cudaMemset(io.dA_log, 0xff, HV * 4)); CK(cudaMemset(io.ddt_bias, 0xff, HV * 4));
   CK(cudaMemset(io.d_initial_state, 0xff, nS * 4));
+  int32_t* d_fell_b = upload(std::vector<int32_t>{-1});
+  io.fell_back = d_fell_b;
   gdn_backward(p, io, ws, ws_b, nullptr);
   CK(cudaDeviceSynchronize());
+  int32_t fell_b = -1;
+  CK(cudaMemcpy(&fell_b, d_fell_b, 4, cudaMemcpyDeviceToHost));
+  cudaFree(d_fell_b);
+  const bool bwd_ok = fell_b == (!cs.bf16x2_bwd && cs.want_bwd_fallback && T > 0 ? 1 : 0);
 
   struct Item { const char* name; std::vector<double> got; const std::vector<double>* ref; bool bf16; };
   const bool gb = cs.grad == DType::BF16;
@@ -321,9 +334,11 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
     items.push_back({"ddt_bias", download(io.ddt_bias, HV, DType::F32), &rg.ddt_bias, false});
   }
   items.push_back({"dh0", download(io.d_initial_state, nS, DType::F32), &rg.dh0, false});
-  bool ok = fwd_ok;
+  bool ok = fwd_ok && bwd_ok;
   std::string line = cs.bf16x2_fwd ? " fwd=bf16x2" : fell == 1 ? " fwd=fp16->fallback" : " fwd=fp16";
   if (!fwd_ok) line += cs.want_fallback ? "(fallback expected!)" : "(unexpected fallback!)";
+  line += cs.bf16x2_bwd ? " bwd=bf16x2" : fell_b == 1 ? " bwd=fp16->fallback" : " bwd=fp16";
+  if (!bwd_ok) line += cs.want_bwd_fallback ? "(fallback expected!)" : "(unexpected fallback!)";
   char buf[160];
   if (o_pad_written) {
     ok = false;
@@ -418,6 +433,13 @@ int main() {
     c.v_scale = 0x1p17f; c.want_fallback = true; add(c); }
   // o rows that allow no 16-byte stores (the fast forward's unstaged path; sanitizers too)
   { Case c; c.name = "quick_o_rows_pairs"; c.lens = {1, 65, 130}; c.H = 1; c.HV = 2; c.l2 = true; c.opad = 2; add(c); }
+  // q/k far below fp16's range (l2norm on): prep's fp16 copies are flagged, and both directions
+  // fall back (the sanitizers see the bf16x2 backward run in full)
+  { Case c; c.name = "fallback_tiny_qk"; c.lens = {200, 65, 1}; c.H = 2; c.HV = 4; c.l2 = true; c.gate_fused = true;
+    c.dht = true; c.qk_scale = 0x1p-16f; c.want_fallback = c.want_bwd_fallback = true; add(c); }
+  // gradients far below fp16's range: the fast backward's own operand scaling (sanitizers too)
+  { Case c; c.name = "quick_bwd_tiny_dO"; c.lens = {1, 65, 130}; c.H = 1; c.HV = 2; c.l2 = true; c.dht = true;
+    c.do_scale = 0x1p-40f; add(c); }
   // gradient rows with element stores (sanitizers too)
   { Case c; c.name = "quick_grad_rows_scalar"; c.lens = {1, 65, 130}; c.H = 1; c.HV = 3; c.l2 = true; c.gpad = 1;
     c.grad = DType::BF16; add(c); }
@@ -468,15 +490,43 @@ int main() {
     { Case c; c.name = "fwd_fp16_small_v"; c.lens = {200, 65}; c.H = 1; c.HV = 2; c.l2 = true; c.v_scale = 0x1p-5f; add(c); }
     { Case c; c.name = "fwd_bf16x2_mixed_fused"; c.lens = {63, 64, 65, 1, 2, 3, 130, 1000};
       c.H = 2; c.HV = 4; c.l2 = c.gate_fused = c.beta_sigmoid = c.h0 = c.dht = true; c.bf16x2_fwd = true; add(c); }
+    // the fast backward at gradient scales far outside fp16's range (no fallback: it scales its
+    // operands itself), and the bf16x2 backward by request
+    { Case c; c.name = "bwd_huge_dO"; c.lens = {300, 65, 1}; c.H = 1; c.HV = 3; c.l2 = true; c.gate_fused = true;
+      c.dht = c.h0 = true; c.do_scale = 0x1p40f; add(c); }
+    { Case c; c.name = "bwd_tiny_dO_long"; c.lens = {3000}; c.H = 1; c.HV = 2; c.gate_kind = 0; c.l2 = true;
+      c.do_scale = 0x1p-60f; add(c); }
+    { Case c; c.name = "bwd_bf16x2_mixed_fused"; c.lens = {63, 64, 65, 1, 2, 3, 130, 1000};
+      c.H = 2; c.HV = 4; c.l2 = c.gate_fused = c.beta_sigmoid = c.h0 = c.dht = true; c.bf16x2_bwd = true; add(c); }
     { Case c; c.name = "total_32k_4x8192"; c.lens = {8192, 8192, 8192, 8192}; c.H = 1; c.HV = 2;
       c.l2 = c.gate_fused = c.beta_sigmoid = true; add(c); }
   }
-  int fails = 0;
+  // QRUN_GDN_CASE=a|b|... runs only the cases whose names contain one of the substrings, at the
+  // seeds they get in the full run (with the same QRUN_GDN_SEED, a failing case replays alone)
+  const char* only = std::getenv("QRUN_GDN_CASE");
+  const auto selected = [&](const std::string& name) {
+    if (!only) return true;
+    const std::string sel = only;
+    for (size_t b = 0, e; b <= sel.size(); b = e + 1) {
+      e = sel.find('|', b);
+      if (e == std::string::npos) e = sel.size();
+      if (e > b && name.find(sel.substr(b, e - b)) != std::string::npos) return true;
+    }
+    return false;
+  };
+  int fails = 0, ran = 0;
   double worst = 0, worst_b = 0;
-  for (size_t i = 0; i < cases.size(); ++i)
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (!selected(cases[i].name)) continue;
     fails += run_case(cases[i], cases[i].seed ? cases[i].seed : base + 7919 * i, worst, worst_b);
-  std::printf("%s: %d of %zu case(s) failed; worst rel err %.2e (tol %.0e), bf16-stored outputs %.2e beyond "
+    ++ran;
+  }
+  if (ran == 0) {
+    std::printf("FAILED: no case matches QRUN_GDN_CASE=%s\n", only ? only : "");
+    return 1;
+  }
+  std::printf("%s: %d of %d case(s) failed; worst rel err %.2e (tol %.0e), bf16-stored outputs %.2e beyond "
               "their storage rounding (tol 1e-03); base seed %llu\n",
-              fails ? "FAILED" : "ALL PASSED", fails, cases.size(), worst, kTol, worst_b, (unsigned long long)base);
+              fails ? "FAILED" : "ALL PASSED", fails, ran, worst, kTol, worst_b, (unsigned long long)base);
   return fails ? 1 : 0;
 }

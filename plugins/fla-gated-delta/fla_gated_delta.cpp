@@ -187,8 +187,9 @@ struct GdnFunction : public torch::autograd::Function<GdnFunction> {
                             const at::Tensor& b, const at::Tensor& A_log,
                             const at::Tensor& dt_bias, const at::Tensor& plan_buf,
                             int64_t num_seqs, int64_t num_chunks, bool qk_l2norm, double scale,
-                            bool fast_forward) {
+                            bool fast_forward, int64_t backward_path) {
     ctx->save_for_backward({q, k, v, a, b, A_log, dt_bias, plan_buf});
+    ctx->saved_data["backward_path"] = backward_path;
     ctx->saved_data["num_seqs"] = num_seqs;
     ctx->saved_data["num_chunks"] = num_chunks;
     ctx->saved_data["qk_l2norm"] = qk_l2norm;
@@ -220,6 +221,7 @@ struct GdnFunction : public torch::autograd::Function<GdnFunction> {
     const int64_t num_chunks = ctx->saved_data["num_chunks"].toInt();
     const bool qk_l2norm = ctx->saved_data["qk_l2norm"].toBool();
     const double scale = ctx->saved_data["scale"].toDouble();
+    const auto backward_path = static_cast<qrun::gdn::GdnProblem::BwdPath>(ctx->saved_data["backward_path"].toInt());
     at::Tensor dO = grads[0];
     const int64_t T = q.size(0), HV = v.size(1);
     at::Tensor dq = at::empty_like(q, at::MemoryFormat::Contiguous);
@@ -237,6 +239,7 @@ struct GdnFunction : public torch::autograd::Function<GdnFunction> {
       if (dO.stride(-1) != 1) dO = dO.contiguous();
       qrun::gdn::GdnProblem p = problem(q, k, v, a, b, A_log, dt_bias, plan_buf, num_seqs,
                                         num_chunks, qk_l2norm, scale);
+      p.backward_path = backward_path;
       qrun::gdn::GdnBwdIO io;
       rows_of(dO, io.dO, io.do_st, io.do_sh);
       io.grad_dtype = qrun::gdn::DType::BF16;  // dq, dk, dv are returned in bf16 (the inputs')
@@ -255,7 +258,7 @@ struct GdnFunction : public torch::autograd::Function<GdnFunction> {
       });
     }
     return {dq, dk, dv, da.to(a.scalar_type()), db.to(b.scalar_type()), dA_log, ddt,
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
   static qrun::gdn::GdnProblem problem(const at::Tensor& q, const at::Tensor& k,
@@ -299,7 +302,8 @@ const char* dtype_name(const at::Tensor& t) { return c10::toString(t.scalar_type
 
 class FlaGatedDelta final : public LinearAttention {
  public:
-  explicit FlaGatedDelta(bool fast_forward) : fast_forward_(fast_forward) {}
+  FlaGatedDelta(bool fast_forward, qrun::gdn::GdnProblem::BwdPath backward_path)
+      : fast_forward_(fast_forward), backward_path_(backward_path) {}
 
   at::Tensor forward(const GatedDeltaInputs& in, const SeqInfo& seq,
                      const GatedDeltaOptions& opt) override {
@@ -381,7 +385,8 @@ class FlaGatedDelta final : public LinearAttention {
       b = b.narrow(0, 0, kt);
     }
     at::Tensor o = GdnFunction::apply(q, k, v, a, b, A_log, dt_bias, plan->buf, plan->num_seqs,
-                                      plan->num_chunks, opt.qk_l2norm, opt.scale, fast_forward_);
+                                      plan->num_chunks, opt.qk_l2norm, opt.scale, fast_forward_,
+                                      static_cast<int64_t>(backward_path_));
     if (kt < total) o = at::constant_pad_nd(o, {0, 0, 0, 0, 0, total - kt});
     if (!padded) return o;
     const int64_t B = in.q.size(0), S = in.q.size(1);
@@ -409,6 +414,7 @@ class FlaGatedDelta final : public LinearAttention {
   }
 
   const bool fast_forward_;
+  const qrun::gdn::GdnProblem::BwdPath backward_path_;
   std::mutex mu_;
   std::shared_ptr<const Plan> last_;
 };
@@ -421,9 +427,18 @@ void register_all(Registrar& r) {
       Schema{Field::choice("forward_operands", "fp16", {"fp16", "bf16x2"})
                  .doc("operands of the forward's tensor-core products: fp16 (one plane, range-"
                       "checked per sequence with a bf16x2 fallback; the fast default) or bf16x2 "
-                      "(hi/lo bf16 planes, 16 significant bits, as the backward always uses)")},
+                      "(hi/lo bf16 planes, 16 significant bits)"),
+             Field::choice("backward_operands", "auto", {"auto", "fp16", "bf16x2"})
+                 .doc("operands of the backward's reverse pass (the state gradient): fp16 (scaled "
+                      "per product, 11 significant bits), bf16x2, or auto: fp16 when the batch has "
+                      "at least as many (sequence, value head, 64-wide V slice) items as the GPU "
+                      "has SMs, where it is the faster one (the other backward products are "
+                      "always bf16x2)")},
       [](const Config& c) {
-        return std::make_unique<FlaGatedDelta>(c.get_optional_string("forward_operands").value_or("fp16") == "fp16");
+        using Path = qrun::gdn::GdnProblem::BwdPath;
+        const std::string bwd = c.get_optional_string("backward_operands").value_or("auto");
+        return std::make_unique<FlaGatedDelta>(c.get_optional_string("forward_operands").value_or("fp16") == "fp16",
+                                               bwd == "fp16" ? Path::Fp16 : bwd == "bf16x2" ? Path::Bf16x2 : Path::Auto);
       });
 }
 
