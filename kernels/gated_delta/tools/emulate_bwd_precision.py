@@ -7,11 +7,15 @@ Runs the backward the way the kernels decompose it -- the h recompute and the re
     split) | fp16s (fp16 after a power-of-2 scale per (chunk, 32-wide V slice)) | bf16
   rec: the operands of the sequential passes on fp16 too ('h', 'dh'; per-column scales on the
     V-side operands, one scale per left matrix)
+  recf: the h recompute's operands one by one, (S, Y, T, D') each '-' (exact) | 'fp16' (scaled as
+    rec) | 'fp16x2' (scaled, then fp16 hi + fp16 lo: 22 bits), for a register-state recompute
+    that must fit beside the fp16 reverse pass (session 15: fp16 states fail dA_log)
 and reports the worst relative error (||x - exact|| / ||exact||, as test_gated_delta) of every
 gradient over 8 seeds, for the `qrun check` strong-gate case and for mild gates, lens
 [1, 2, 3, 63, 64, 65, 200], q/k l2norm, fused gate and beta sigmoid.
 
   .venv/bin/python kernels/gated_delta/tools/emulate_bwd_precision.py          # the table
+  .venv/bin/python kernels/gated_delta/tools/emulate_bwd_precision.py recf     # the recompute's operands one by one
   .venv/bin/python kernels/gated_delta/tools/emulate_bwd_precision.py check    # exact model vs
       torch autograd of the token loop (fails unless they agree to 1e-10; a ctest)
 
@@ -48,6 +52,13 @@ def fmt_round(x, fmt):
         if m == 0: return x
         e = 14 - int(np.floor(np.log2(m)))
         return (x * 2.0 ** e).astype(np.float16).astype(np.float64) * 2.0 ** -e
+    if fmt in ('fp16x2c', 'fp16x2m'):  # scaled as fp16c / fp16m, then hi = fp16(y), lo = fp16(y - hi)
+        m = np.abs(x).max(axis=0) if fmt == 'fp16x2c' else np.abs(x).max()
+        e = np.where(m > 0, 14 - np.floor(np.log2(np.where(m > 0, m, 1))), 0)
+        y = x * 2.0 ** e
+        hi = y.astype(np.float16).astype(np.float64)
+        lo = (y - hi).astype(np.float16).astype(np.float64)
+        return (hi + lo) * 2.0 ** -e
     raise ValueError(fmt)
 
 def gates(rng, T, kind):
@@ -61,7 +72,7 @@ def gates(rng, T, kind):
 
 def softplus(x): return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
 
-def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None):
+def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None, recf=None):
     rng = np.random.default_rng(seed)
     T = sum(lens)
     qr = bf16(rng.standard_normal((T, K))); kr = bf16(rng.standard_normal((T, K)))
@@ -79,6 +90,13 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None):
     on_h, on_d = rec in ('h', 'both'), rec in ('dh', 'both')
     Rc = (lambda z: fmt_round(z, 'fp16c')) if on_h else (lambda z: z)
     Rm = (lambda z: fmt_round(z, 'fp16m')) if on_h else (lambda z: z)
+    fS = fY = fT = fD = (lambda z: z)
+    if recf:  # per operand of the recompute: column scales on S, Y, D'; one scale on T
+        pick = lambda f, m: (lambda z: z) if f == '-' else (lambda z: fmt_round(z, (f + m) if f.startswith('fp16') else f))
+        fS, fY, fT, fD = pick(recf[0], 'c'), pick(recf[1], 'c'), pick(recf[2], 'm'), pick(recf[3], 'c')
+    elif on_h:
+        fS = fY = fD = Rc
+        fT = Rm
     Dc = (lambda z: fmt_round(z, 'fp16c')) if on_d else (lambda z: z)
     Dm = (lambda z: fmt_round(z, 'fp16m')) if on_d else (lambda z: z)
     # wy: the WY part's fp32-derived operands (Pg, dW, T, dT, M1, Gsym) in this format, one scale
@@ -96,10 +114,10 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None):
             Gm = np.tril(np.exp(np.minimum(gam[:, None] - gam[None, :], 0)))  # incl diag
             A = np.tril(bc[:, None] * (Kc @ Kc.T) * Gm, -1)
             Tm = np.linalg.inv(np.eye(L) + A)
-            Y = bc[:, None] * (v[t0:t0 + L] - np.exp(gam)[:, None] * (Kc @ Rc(S)))
-            D = Rm(Tm) @ Rc(Y)
+            Y = bc[:, None] * (v[t0:t0 + L] - np.exp(gam)[:, None] * (Kc @ fS(S)))
+            D = fT(Tm) @ fY(Y)
             st.append(dict(t0=t0, L=L, gam=gam, Gm=Gm, T=Tm, S0=S.copy(), D=D))
-            S = np.exp(gam[-1]) * S + Kc.T @ Rc(np.exp(gam[-1] - gam)[:, None] * D)
+            S = np.exp(gam[-1]) * S + Kc.T @ fD(np.exp(gam[-1] - gam)[:, None] * D)
         # dh pass (reverse)
         dS = np.zeros((K, V))
         for c in reversed(st):
@@ -197,6 +215,17 @@ if __name__ == '__main__':
             print(kind, 'exact model vs autograd:', ' '.join(f'{n}={e:.1e}' for n, e in errs.items()))
             bad += sum(e > 1e-10 for e in errs.values())
         sys.exit(1 if bad else 0)
+    if sys.argv[1:2] == ['recf']:  # which recompute operands need 22 bits (session 15)
+        for kind in ['strong', 'mild']:
+            for recf in [('-', '-', '-', '-'), ('fp16', 'fp16', 'fp16', 'fp16'), ('fp16x2', 'fp16', 'fp16', 'fp16'),
+                         ('fp16x2', 'fp16', 'fp16', 'fp16x2'), ('fp16x2', 'fp16x2', 'fp16', 'fp16x2'),
+                         ('fp16x2', 'fp16x2', 'fp16x2', 'fp16x2'), ('fp16', 'fp16x2', 'fp16x2', 'fp16x2')]:
+                worst = {}
+                for seed in range(1, 9):
+                    ex, _ = run(lens, 'exact', seed, kind); o, _ = run(lens, 'bf16x2', seed, kind, recf=recf)
+                    for n in o: worst[n] = max(worst.get(n, 0), rel(o[n], ex[n]))
+                print(f'{kind:6s} S,Y,T,D\'={",".join(recf):27s} ' + ' '.join(f'{n}={worst[n]:.1e}' for n in worst), flush=True)
+        sys.exit(0)
     for kind in ['strong', 'mild']:
         for fmt, fT, fio, rec, wy in [('bf16x2', None, None, '-', None), ('fp16s', 'fp16s', 'fp16s', '-', None), ('bf16x2', None, None, 'h', None),
                                    ('bf16x2', None, None, 'dh', None), ('fp16s', 'fp16s', 'fp16s', 'dh', None),
