@@ -234,6 +234,17 @@ void launch_common_fwd(const KParams& k, const GdnProblem& p, cudaStream_t s, Pr
   }
 }
 
+// The optional fell_back flag of a launch sequence: the fp16 path's "any pair flagged" word (one
+// past the per-pair flags) when it ran (k.run_if set), else 0.
+void report_fallback(int32_t* dst, const KParams& k, const GdnProblem& p, cudaStream_t s) {
+  if (!dst) return;
+  if (k.run_if)
+    check_cuda(cudaMemcpyAsync(dst, k.f16_bad + p.num_seqs * p.HV, sizeof(int32_t), cudaMemcpyDeviceToDevice, s),
+               "cudaMemcpyAsync");
+  else
+    check_cuda(cudaMemsetAsync(dst, 0, sizeof(int32_t), s), "cudaMemsetAsync");
+}
+
 }  // namespace
 
 ChunkTables gdn_build_chunk_tables(const int32_t* cu, int64_t N) {
@@ -325,13 +336,7 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
     check_launch("gdn_state_kernel");
     pr.mark(k.run_if ? "fallback (not taken: returns)" : "state(fwd)");
   }
-  if (out.fell_back) {
-    if (k.run_if)
-      check_cuda(cudaMemcpyAsync(out.fell_back, k.f16_bad + p.num_seqs * p.HV, sizeof(int32_t), cudaMemcpyDeviceToDevice, s),
-                 "cudaMemcpyAsync");
-    else
-      check_cuda(cudaMemsetAsync(out.fell_back, 0, sizeof(int32_t), s), "cudaMemsetAsync");
-  }
+  report_fallback(out.fell_back, k, p, s);
 }
 
 void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_bytes, Stream stream) {
@@ -402,13 +407,7 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     check_launch("gdn_state_dh_kernel");
     pr.mark(k.run_if ? "fallback (not taken: returns)" : "state(recompute h) + dh");
   }
-  if (io.fell_back) {
-    if (k.run_if)
-      check_cuda(cudaMemcpyAsync(io.fell_back, k.f16_bad + p.num_seqs * p.HV, sizeof(int32_t), cudaMemcpyDeviceToDevice, s),
-                 "cudaMemcpyAsync");
-    else
-      check_cuda(cudaMemsetAsync(io.fell_back, 0, sizeof(int32_t), s), "cudaMemsetAsync");
-  }
+  report_fallback(io.fell_back, k, p, s);
   if (p.num_chunks > 0) {
     set_smem(gdn_bwd_chunk_kernel, bwd_smem_bytes(), 3);
     // persistent: one block per SM (shared memory allows no second), groups in launch order
