@@ -52,8 +52,8 @@ struct Case {
   int gpad = 0;  // extra elements per token row of dq, dk, dv: 1 = element stores, 2 = pairs
   DType grad = DType::F32;
   bool bf16x2_fwd = false;  // the bf16x2 forward (fast_forward = false) instead of fp16 operands
-  bool bf16x2_bwd = false;  // the bf16x2 backward (BwdPath::Bf16x2; else BwdPath::Fp16, forced:
-                            // Auto would pick bf16x2 for these small batches)
+  // the backward path (Auto: the fp16 sequential passes)
+  GdnProblem::BwdPath bwd = GdnProblem::BwdPath::Auto;
   float do_scale = 1.f;     // dO, d_final_state ~ do_scale * N(0, 1) (the fast backward scales its
                             // gradient operands itself: any scale must pass without a fallback)
   float qk_scale = 1.f;     // q, k scaled (far from 1 it drives prep's fp16 q/k copies out of range)
@@ -226,7 +226,8 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
   float* d_h0 = cs.h0 ? upload(h0) : nullptr;
   p.initial_state = d_h0;
   p.fast_forward = !cs.bf16x2_fwd;
-  p.backward_path = cs.bf16x2_bwd ? GdnProblem::BwdPath::Bf16x2 : GdnProblem::BwdPath::Fp16;
+  p.backward_path = cs.bwd;
+  const bool bf16x2_bwd = cs.bwd == GdnProblem::BwdPath::Bf16x2;
 
   const size_t ws_f = gdn_fwd_workspace_bytes(p), ws_b = gdn_bwd_workspace_bytes(p);
   void* ws = dalloc<char>(std::max(ws_f, ws_b));
@@ -283,7 +284,7 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
   int32_t fell_b = -1;
   CK(cudaMemcpy(&fell_b, d_fell_b, 4, cudaMemcpyDeviceToHost));
   cudaFree(d_fell_b);
-  const bool bwd_ok = fell_b == (!cs.bf16x2_bwd && cs.want_bwd_fallback && T > 0 ? 1 : 0);
+  const bool bwd_ok = fell_b == (!bf16x2_bwd && cs.want_bwd_fallback && T > 0 ? 1 : 0);
 
   struct Item { const char* name; std::vector<double> got; const std::vector<double>* ref; bool bf16; };
   const bool gb = cs.grad == DType::BF16;
@@ -337,7 +338,7 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
   bool ok = fwd_ok && bwd_ok;
   std::string line = cs.bf16x2_fwd ? " fwd=bf16x2" : fell == 1 ? " fwd=fp16->fallback" : " fwd=fp16";
   if (!fwd_ok) line += cs.want_fallback ? "(fallback expected!)" : "(unexpected fallback!)";
-  line += cs.bf16x2_bwd ? " bwd=bf16x2" : fell_b == 1 ? " bwd=fp16->fallback" : " bwd=fp16";
+  line += bf16x2_bwd ? " bwd=bf16x2" : fell_b == 1 ? " bwd=fp16->fallback" : " bwd=fp16";
   if (!bwd_ok) line += cs.want_bwd_fallback ? "(fallback expected!)" : "(unexpected fallback!)";
   char buf[160];
   if (o_pad_written) {
@@ -497,7 +498,8 @@ int main() {
     { Case c; c.name = "bwd_tiny_dO_long"; c.lens = {3000}; c.H = 1; c.HV = 2; c.gate_kind = 0; c.l2 = true;
       c.do_scale = 0x1p-60f; add(c); }
     { Case c; c.name = "bwd_bf16x2_mixed_fused"; c.lens = {63, 64, 65, 1, 2, 3, 130, 1000};
-      c.H = 2; c.HV = 4; c.l2 = c.gate_fused = c.beta_sigmoid = c.h0 = c.dht = true; c.bf16x2_bwd = true; add(c); }
+      c.H = 2; c.HV = 4; c.l2 = c.gate_fused = c.beta_sigmoid = c.h0 = c.dht = true; c.bwd = GdnProblem::BwdPath::Bf16x2; add(c); }
+
     { Case c; c.name = "total_32k_4x8192"; c.lens = {8192, 8192, 8192, 8192}; c.H = 1; c.HV = 2;
       c.l2 = c.gate_fused = c.beta_sigmoid = true; add(c); }
   }
