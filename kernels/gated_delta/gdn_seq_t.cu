@@ -628,7 +628,6 @@ __device__ __forceinline__ void dh16t_body(const KParams& p, int64_t bid, unsign
     zero_acc(y);
     mma_lower_kn(y, oa, b.P, lane);
     // dDelta^T (rows >= L selected to 0), its planes, and its A fragments (mu_D)
-    const float fy = p.scale * sO.inv;
     AbsMax mD;
 #pragma unroll
     for (int nn = 0; nn < 8; ++nn) {
@@ -637,7 +636,7 @@ __device__ __forceinline__ void dh16t_body(const KParams& p, int64_t bid, unsign
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float dv = (e & 1) ? dc.y : dc.x;
-        x[nn][e] = r + (e & 1) < L ? dv * sS.inv * x[nn][e] + fy * y[nn][e] : 0.f;
+        x[nn][e] = r + (e & 1) < L ? dv * (sS.inv * x[nn][e]) + p.scale * (sO.inv * y[nn][e]) : 0.f;
         mD.add(x[nn][e]);
       }
     }
@@ -660,7 +659,7 @@ __device__ __forceinline__ void dh16t_body(const KParams& p, int64_t bid, unsign
       const float2 fx = *reinterpret_cast<const float2*>(b.fx + r);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        y[nn][e] *= -((e & 1) ? fx.y : fx.x) * sD.inv;
+        y[nn][e] = -((e & 1) ? fx.y : fx.x) * (sD.inv * y[nn][e]);
         mU.add(y[nn][e]);
         mU.add(dO2_at(nn, e));
       }
@@ -786,14 +785,13 @@ __device__ __forceinline__ void rec16t_body(const KParams& p, int64_t bid, unsig
         const int nn = 2 * kk + u, r = 8 * nn + 2 * tq;
         const float2 fb = *reinterpret_cast<const float2*>(b.fb + r);
         const float2 fx = *reinterpret_cast<const float2*>(b.fx + r);
-        const float fx0 = fx.x * sS.inv, fx1 = fx.y * sS.inv;
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const uint32_t vv = va[2 * u + hh];
           float& y0 = x[nn][2 * hh];
           float& y1 = x[nn][2 * hh + 1];
-          y0 = r < L ? fb.x * bf_lo(vv) - fx0 * y0 : 0.f;
-          y1 = r + 1 < L ? fb.y * bf_hi(vv) - fx1 * y1 : 0.f;
+          y0 = r < L ? fb.x * bf_lo(vv) - fx.x * (sS.inv * y0) : 0.f;
+          y1 = r + 1 < L ? fb.y * bf_hi(vv) - fx.y * (sS.inv * y1) : 0.f;
           mY.add(y0);
           mY.add(y1);
         }
@@ -830,8 +828,10 @@ __device__ __forceinline__ void rec16t_body(const KParams& p, int64_t bid, unsig
     store_planes_t<8>(p.Dl + slice_planes(c, p.HV, hv, vsl, C), d, cw, lane, stage);
     const Pow2 sD = pow2_scale(mD.warp_max());
     uint32_t da[4][4];
+    // (the unscaled product first: mu times a row factor alone may overflow, e.g. mu = 2^125 for an
+    // all-zero D' and dec = 1000 for a zero k row, and inf * 0 is NaN)
     pack_a16(da, d, [&](int nn, int e, float v) {
-      return sD.mu * ((e & 1) ? b.dec[8 * nn + 2 * tq + 1] : b.dec[8 * nn + 2 * tq]) * v;
+      return sD.mu * (((e & 1) ? b.dec[8 * nn + 2 * tq + 1] : b.dec[8 * nn + 2 * tq]) * v);
     });
     // S^T <- e^{gam_L} S^T + (D'^T K) / mu_D   (B = K as stored, [k][n]: transposed ldmatrix)
     float u[16][4];

@@ -52,6 +52,11 @@ def fmt_round(x, fmt):
         if m == 0: return x
         e = 14 - int(np.floor(np.log2(m)))
         return (x * 2.0 ** e).astype(np.float16).astype(np.float64) * 2.0 ** -e
+    if fmt in ('fp16g', 'fp16x2g'):  # one scale per 16-column group (a warp's tile in the register-state kernels)
+        y = np.empty_like(x)
+        for c0 in range(0, x.shape[1], 16):
+            y[:, c0:c0 + 16] = fmt_round(x[:, c0:c0 + 16], 'fp16m' if fmt == 'fp16g' else 'fp16x2m')
+        return y
     if fmt in ('fp16x2c', 'fp16x2m'):  # scaled as fp16c / fp16m, then hi = fp16(y), lo = fp16(y - hi)
         m = np.abs(x).max(axis=0) if fmt == 'fp16x2c' else np.abs(x).max()
         e = np.where(m > 0, 14 - np.floor(np.log2(np.where(m > 0, m, 1))), 0)
@@ -65,6 +70,9 @@ def gates(rng, T, kind):
     if kind == 'strong':  # the check's strong case: A_log = log U(8,16), a ~ N(3,1), dt ~ N(0,.5^2)
         A_log = float(bf16(np.log(8 + 8 * rng.random()))); dt = float(bf16(0.5 * rng.standard_normal()))
         a = bf16(3 + rng.standard_normal(T))
+    elif kind == 'near0':  # test_gated_delta's gate_kind 0, fused: g ~ -exp(A_log) softplus(a - 8)
+        A_log = float(np.log(0.01 + 2 * rng.random())); dt = -8 + float(rng.standard_normal())
+        a = bf16(rng.standard_normal(T))
     else:  # logsigmoid(randn)/16-like
         A_log = float(bf16(np.log(0.01 + 2 * rng.random()))); dt = float(bf16(0.5 * rng.standard_normal()))
         a = bf16(rng.standard_normal(T))
@@ -92,7 +100,7 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None, recf=N
     Rm = (lambda z: fmt_round(z, 'fp16m')) if on_h else (lambda z: z)
     fS = fY = fT = fD = (lambda z: z)
     if recf:  # per operand of the recompute: column scales on S, Y, D'; one scale on T
-        pick = lambda f, m: (lambda z: z) if f == '-' else (lambda z: fmt_round(z, (f + m) if f.startswith('fp16') else f))
+        pick = lambda f, m: (lambda z: z) if f == '-' else (lambda z: fmt_round(z, (f + m) if f in ('fp16', 'fp16x2') else f))
         fS, fY, fT, fD = pick(recf[0], 'c'), pick(recf[1], 'c'), pick(recf[2], 'm'), pick(recf[3], 'c')
     elif on_h:
         fS = fY = fD = Rc
