@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
     p.fast_forward = true;
     io.fell_back = fell;
     const double tb = time_it([&] { gdn_backward(p, io, ws, wsb, nullptr); });
-    // the backward paths forced (the reported one is BwdPath::Auto's choice)
+    // the two backward paths forced (the reported one is BwdPath::Auto's choice)
     using Path = GdnProblem::BwdPath;
     p.backward_path = Path::Fp16;
     const double tb_16 = time_it([&] { gdn_backward(p, io, ws, wsb, nullptr); });
@@ -236,7 +236,7 @@ int main(int argc, char** argv) {
                 pub(cf.pub_fla_f), pub(cf.pub_qla_f), pub(cf.pub_fla_b), pub(cf.pub_qla_b));
     std::printf("%-26s fwd on fp16 operands%s; the bf16x2 forward (fast_forward = false): %.3f ms\n", "",
                 fell_h ? " FELL BACK to bf16x2" : " (no fallback)", tf_x);
-    std::printf("%-26s bwd on fp16 operands (BwdPath::Fp16)%s: %.3f ms; bf16x2 (BwdPath::Bf16x2): %.3f ms\n", "",
+    std::printf("%-26s bwd reverse pass on fp16 operands (BwdPath::Fp16)%s: %.3f ms; bf16x2 (BwdPath::Bf16x2): %.3f ms\n", "",
                 fell_bh ? " FELL BACK to bf16x2" : "", tb_16, tb_x);
     std::fflush(stdout);
     cudaFree(d_cu); cudaFree(d_tab); cudaFree(d_off); cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(dO);

@@ -27,8 +27,8 @@ __global__ void gdn_state16t_kernel(KParams p);
 size_t seq_t_smem_bytes();
 int seq_t_slices();
 __global__ void gdn_state_dh_kernel(KParams p, int64_t nstate);
-__global__ void gdn_pair16_kernel(KParams p, int64_t ndh);
-size_t pair16_smem_bytes();
+__global__ void gdn_dh16t_kernel(KParams p);
+size_t dh16t_smem_bytes();
 __global__ void gdn_bwd_chunk_kernel(KParams p);
 size_t seq_smem_bytes();
 size_t prep_smem_bytes();
@@ -364,21 +364,38 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
   k.pair_dk = pairs_ok(io.dk, io.dk_st, io.dk_sh);
   Prof pr(s);
   using Path = GdnProblem::BwdPath;
-  if (p.total_tokens > 0 && p.backward_path != Path::Bf16x2) {
-    // The fast backward: its two sequential passes, the reverse pass (the state gradient) and
-    // the state recompute, on fp16 operands that they scale themselves, in one launch
-    // (gdn_pair16_kernel: the passes are independent, and their 4-warp blocks fit two per SM).
+  const bool fast = p.total_tokens > 0 && (p.backward_path == Path::Fp16 ||
+                                           (p.backward_path == Path::Auto && p.num_seqs * p.HV * seq_t_slices() >= sm_count()));
+  if (fast) {
+    // The fast backward: the reverse pass (the state gradient, the longest sequential pass) on fp16
+    // operands that it scales itself (gdn_dh16t_kernel), and the state recompute on bf16x2
+    // (gdn_state_kernel, mode 2: fp16 states cost the gate gradients' sums, dA_log and ddt_bias,
+    // up to 3e-3 relative error). The two are independent; the recompute is launched as the
+    // reverse pass's programmatic dependent, so its blocks fill the SM room the reverse pass
+    // leaves instead of waiting for it, and it waits for the reverse pass to finish before it
+    // exits (griddepcontrol.wait), so that bwd_chunk, launched after it, sees both.
     // Note [f16 guard] (gdn_forward): prep's fp16 q/k, T and P are range-checked as in the fast
     // forward; flagged (sequence, value head)s are redone by the bf16x2 launches below, which
     // return at once everywhere else.
     check_cuda(cudaMemsetAsync(k.f16_bad, 0, ((size_t)p.num_seqs * p.HV + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
     launch_common_fwd(k, p, s, pr, kPrepB16);
-    const int64_t ndh = p.num_seqs * p.HV * seq_t_slices();
-    if (ndh > 0) {
-      set_smem(gdn_pair16_kernel, pair16_smem_bytes(), 8);
-      gdn_pair16_kernel<<<grid1d(2 * ndh, "dh+state"), 128, pair16_smem_bytes(), s>>>(k, ndh);
-      check_launch("gdn_pair16_kernel");
-      pr.mark("dh + state(recompute h), fp16");
+    if (p.num_seqs > 0) {
+      set_smem(gdn_dh16t_kernel, dh16t_smem_bytes(), 8);
+      gdn_dh16t_kernel<<<grid1d(p.num_seqs * p.HV * seq_t_slices(), "dh"), 128, dh16t_smem_bytes(), s>>>(k);
+      check_launch("gdn_dh16t_kernel");
+      set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(grid1d(p.num_seqs * p.HV * NVS, "state"));
+      cfg.blockDim = dim3(256);
+      cfg.dynamicSmemBytes = seq_smem_bytes();
+      cfg.stream = s;
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr.val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      check_cuda(cudaLaunchKernelEx(&cfg, gdn_state_kernel, k, 2), "gdn_state_kernel (recompute)");
+      pr.mark("dh (fp16) + state(recompute h)");
     }
     k.run_if = k.f16_bad;
   }

@@ -45,15 +45,14 @@
 // device as it is written; each (sequence, value head) whose operands left the safe range
 // (a magnitude >= 2^15, or an operand whose largest magnitude over the sequence is below 2^-12,
 // e.g. v ~ 1e-5) is recomputed on the bf16x2 path by the same launch sequence, without a host
-// synchronisation (GdnFwdOut::fell_back reports it). The BACKWARD by default (backward_path)
-// runs its two sequential passes, the reverse pass (the state gradient) and the recompute of the
-// states, on fp16 operands that it scales itself: each product's A operand is multiplied by a
-// power of two chosen from its largest magnitude just before it is rounded to fp16, so values of
-// any scale keep 11 significant bits and need no guard; the recompute's prediction error Y keeps
-// 22 (an fp16 hi + lo pair: with 11 the gate-parameter gradients dA_log and ddt_bias, sums over
-// every token, reached 3e-3 relative error). Only prep's fp16 q/k, T and P copies are
-// range-checked, with the same bf16x2 fallback (GdnBwdIO::fell_back). The other backward
-// products stay bf16x2.
+// synchronisation (GdnFwdOut::fell_back reports it). The BACKWARD may run its reverse pass (the
+// state gradient, the longest sequential pass) on fp16 operands (backward_path): it scales them
+// itself, each product's gradient operand multiplied by a power of two chosen from its largest
+// magnitude just before it is rounded to fp16, so gradients of any scale keep 11 significant
+// bits and need no guard; only prep's fp16 q/k, T and P copies are range-checked, with the same
+// bf16x2 fallback (GdnBwdIO::fell_back). The state recompute and the other backward products
+// stay bf16x2: fp16 states cost the gate-parameter gradients (dA_log, ddt_bias: sums over every
+// token) up to 3e-3 relative error.
 // Results are bitwise deterministic for a given input and device. Decay factors
 // exp(gamma_r - gamma_j) are only ever formed on the kept side (r >= j) and masking is done by
 // selection, never by multiplying a possibly infinite value by 0. All offsets are int64. Grids are
@@ -121,9 +120,12 @@ struct GdnProblem {
   // Forward: fp16 operands with a range-checked bf16x2 fallback (see Numerics above); false:
   // always the bf16x2 path.
   bool fast_forward = true;
-  // Backward: the sequential passes on self-scaled fp16 operands (Fp16; Auto takes it: H200,
-  // 48 value heads, 2.47 vs 2.60 ms for 1x8192, 2.23 vs 2.51 ms for 4x2048, docs/PERF.md) or on
-  // bf16x2 (Bf16x2: the reference-grade path, gate-parameter gradients ~1e-5 instead of ~1e-4).
+  // Backward: the reverse pass on fp16 operands (Fp16), on bf16x2 (Bf16x2), or (Auto) fp16 when
+  // the batch has at least as many (sequence, value head, 64-wide V slice) items as the GPU has
+  // SMs. The fp16 reverse pass takes 0.56 ms at 1x8192 with 48 value heads against the bf16x2
+  // pair kernel's 1.13 ms, but the state recompute it leaves then runs on its own (0.63 ms); with
+  // fewer items than SMs that sum is slower than the pair kernel (H200: 2.71 vs 2.61 ms for
+  // 1x8192; 2.38 vs 2.53 ms for 4x2048, docs/PERF.md).
   enum class BwdPath : int32_t { Auto = 0, Fp16 = 1, Bf16x2 = 2 };
   BwdPath backward_path = BwdPath::Auto;
 };

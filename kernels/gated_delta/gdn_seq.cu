@@ -592,10 +592,13 @@ __device__ __forceinline__ void dh_body(const KParams& p, int64_t bid, const Seq
   seq_state_store(p.dh0, (n * p.HV + hv) * KV + v0, st, srow);
 }
 
+// As the fast backward's recompute it is the programmatic dependent of the reverse pass
+// (gdn_dh16t_kernel) and waits for it before exiting; launched normally, the wait returns at once.
 __global__ void __launch_bounds__(kSeqThreads, 2) gdn_state_kernel(KParams p, int mode) {
   if (p.run_if && !p.run_if[blockIdx.x / NVS]) return;  // fallback launch: only flagged (n, hv)s
   extern __shared__ __align__(128) unsigned char smraw[];
   state_body(p, mode, blockIdx.x, seq_smem(smraw));
+  asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 // Backward: the h recompute (state_body, mode 2) and the dh pass are independent, so they share

@@ -22,9 +22,8 @@
 // range check (F16 guard) reported through p.f16_bad. The row factors come from prep
 // (p.fx, p.fq, p.dec), so the step evaluates no exponential but e^{gam_L}.
 //
-// The backward's two sequential passes have the same shape (below, both in gdn_pair16_kernel): the
-// reverse pass (dh16t_body, v35) with the state gradient dS^T in registers, and the state
-// recompute (rec16t_body, v36), their fp16 operands scaled per product instead of range-checked.
+// The backward's reverse pass (gdn_dh16t_kernel, v35, below) has the same shape, with the state
+// gradient dS^T in registers and its fp16 operands scaled per product.
 #include "gdn_common.cuh"
 #include "gdn_kernels.cuh"
 #include "gdn_mma16.cuh"
@@ -42,22 +41,22 @@ constexpr int kPL = C * C;          // a swizzled [64][64] fp16 plane
 constexpr int kVT = C * kTLD;       // a [64][kTLD] bf16 tile
 constexpr int kNVec = 4;            // row vectors: beta, fx, fq, dec ([64] floats each), then gam_L
 
-// What a register-state block computes: the forward (o, final state), the backward's reverse
-// pass (dhs, dDl, dh0) or the backward's state recompute (hs, Dl).
-enum { kFwd = 0, kDh = 1, kRec = 2 };
+// What a register-state block computes: the forward (o, final state) or the backward's reverse
+// pass (dhs, dDl, dh0).
+enum { kFwd = 0, kDh = 1 };
 
 // One chunk's shared operands (a buffer; two of them alternate by chunk parity). Per kind:
 // kFwd K, Q, T, P, v; kDh K, T, P, dO (in V's place; its q tile is single-buffered after the two
-// buffers, see dh16t_body); kRec K, T, v. Absent members are null.
+// buffers, see gdn_dh16t_kernel). Absent members are null.
 struct TBuf {
   __nv_bfloat16 *K, *Q, *T, *P, *V;  // K, Q, T, P: fp16 bits; V: raw bf16
   float *fb, *fx, *fq, *dec, *gl;
 };
 constexpr size_t buf_bytes(int kind) {
-  return (size_t)((kind == kFwd ? 2 : 1) * kKQ + (kind == kRec ? 1 : 2) * kPL + kVT) * 2 +
+  return (size_t)((kind == kFwd ? 2 : 1) * kKQ + 2 * kPL + kVT) * 2 +
          (kNVec * C + 32) * sizeof(float);  // (gam_L padded to 128 bytes)
 }
-static_assert(buf_bytes(kFwd) % 128 == 0 && buf_bytes(kDh) % 128 == 0 && buf_bytes(kRec) % 128 == 0,
+static_assert(buf_bytes(kFwd) % 128 == 0 && buf_bytes(kDh) % 128 == 0,
               "buffers stay 128-byte aligned");
 constexpr size_t kTBufBytes = buf_bytes(kFwd);
 
@@ -71,8 +70,8 @@ __device__ __forceinline__ TBuf tbuf(unsigned char* base, int b) {
   e += KIND == kFwd ? kKQ : 0;
   t.T = e;
   e += kPL;
-  t.P = KIND == kRec ? nullptr : e;
-  e += KIND == kRec ? 0 : kPL;
+  t.P = e;
+  e += kPL;
   t.V = e;
   float* f = reinterpret_cast<float*>(t.V + kVT);
   t.fb = f;
@@ -124,11 +123,11 @@ __device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, i
 #pragma unroll
     for (int i = 0; i < C / 16; ++i) {
       cp_async16(b.T + d0 + 16 * i * C, Tsrc + pl + i * 16 * C, 16);
-      if constexpr (KIND != kRec) cp_async16(b.P + d0 + 16 * i * C, Psrc + pl + i * 16 * C, 16);
+      cp_async16(b.P + d0 + 16 * i * C, Psrc + pl + i * 16 * C, 16);
     }
   }
   static_assert(kTV == 64, "v rows are 8 pieces of 8");
-  // v (the forward, the recompute) or dO (the reverse pass)
+  // v (the forward) or dO (the reverse pass)
   const void* xs = KIND == kDh ? p.dO : p.v;
   const int64_t x_st = KIND == kDh ? p.do_st : p.v_st, x_sh = KIND == kDh ? p.do_sh : p.v_sh;
   const __nv_bfloat16* vb = bf16_at(xs, g.t0 * x_st + (int64_t)hv * x_sh + v0);
@@ -531,10 +530,14 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
 // fp32 result unscaled: gradients have no fixed range, so this needs no guard and no fallback.
 // The B operands (fp16 K, Q, T, P from prep) are range-checked by prep. K, T, P, dO and the row
 // factors are double-buffered; the q tile (read last in the step) is single-buffered and loaded
-// at the top of the step, which leaves room for two blocks per SM: beside another reverse-pass
-// block or a block of the state recompute (rec16t_body; both in gdn_pair16_kernel).
-__device__ __forceinline__ void dh16t_body(const KParams& p, int64_t bid, unsigned char* smraw) {
-  const SeqBlock sb = seq_block(p, bid, kTNS);
+// at the top of the step, which leaves room for two blocks per SM, or for one beside a block of
+// the bf16x2 state recompute (gdn_state_kernel, launched right after this kernel as its
+// programmatic dependent: the two passes are independent, see gdn_backward).
+__global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
+  // let the dependent recompute launch now: it takes the SM room this grid leaves
+  asm volatile("griddepcontrol.launch_dependents;");
+  extern __shared__ __align__(128) unsigned char smraw[];
+  const SeqBlock sb = seq_block(p, blockIdx.x, kTNS);
   const int vs = sb.vs, hv = sb.hv, h = sb.h;
   const int64_t n = sb.n;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -636,6 +639,7 @@ __device__ __forceinline__ void dh16t_body(const KParams& p, int64_t bid, unsign
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float dv = (e & 1) ? dc.y : dc.x;
+        // (unscaled products first: a scale times a row factor alone may overflow, and inf * 0 is NaN)
         x[nn][e] = r + (e & 1) < L ? dv * (sS.inv * x[nn][e]) + p.scale * (sO.inv * y[nn][e]) : 0.f;
         mD.add(x[nn][e]);
       }
@@ -691,180 +695,8 @@ __device__ __forceinline__ void dh16t_body(const KParams& p, int64_t bid, unsign
   }
 }
 
-// Packs (x, y) as fp16x2 hi and lo words: hi = fp16(x), lo = fp16(x - hi) (22 significant bits
-// for a value scaled into fp16's normal range).
-__device__ __forceinline__ void split_h2(float x, float y, uint32_t& hi, uint32_t& lo) {
-  const __half2 h = __floats2half2_rn(x, y);
-  const float2 hf = __half22float2(h);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = pack_h2(x - hf.x, y - hf.y);
-}
-
-// The backward's state recompute on fp16 operands (v36): the forward's register-state step without
-// o, writing what bwd_chunk reads: the state entering each chunk (hs) and Delta (Dl, rows >= L
-// zero), as hi/lo bf16 planes in the 32-wide slice layout. Per chunk:
-//   X^T = S^T K^T;  Y^T = V^T diag(beta) - X^T diag(fx);  D^T = Y^T T^T
-//   S^T <- e^{gam_L} S^T + (D^T diag(dec)) K
-// Operands as in the reverse pass: every A operand (S^T, Y^T, D'^T) is scaled by a power of two
-// from its warp's largest magnitude before it is rounded to fp16, the fp32 product unscaled; no
-// guard. Precision: the gate-parameter gradients (dA_log, ddt_bias: sums over every token of
-// products with these states) need Y^T with 22 bits (fp16 hi + lo, two MMAs per product), and
-// accept S^T, D'^T and prep's fp16 T with 11 (float64 model of every operand's rounding:
-// tools/emulate_bwd_precision.py recf; one fp16 plane for Y cost dA_log 2e-3 on the GPU).
-__device__ __forceinline__ void rec16t_body(const KParams& p, int64_t bid, unsigned char* smraw) {
-  const SeqBlock sb = seq_block(p, bid, kTNS);
-  const int vs = sb.vs, hv = sb.hv, h = sb.h;
-  const int64_t n = sb.n;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-  const int v0 = vs * kTV, j0 = 16 * warp;
-  __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * buf_bytes(kRec)) + warp * kStageEl;
-  const int64_t KV = (int64_t)DK * DV;
-  int vsl, cw;
-  bwd_slice(v0, j0, vsl, cw);
-
-  float st[16][4];  // S^T, lane element (nn, e): j = gq + 8 (e >> 1), i = 8 nn + 2 tq + (e & 1)
-  {
-    const float* h0 = p.h0 ? p.h0 + (n * p.HV + hv) * KV + v0 + j0 : nullptr;
-#pragma unroll
-    for (int nn = 0; nn < 16; ++nn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        st[nn][e] = h0 ? h0[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] : 0.f;
-  }
-  const int64_t bos = p.cu[n], eos = p.cu[n + 1];
-  const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  if (c_beg < c_end) t_load<kRec>(tbuf<kRec>(smraw, (int)(c_beg & 1)), p, h, hv, v0, chunk_geo(c_beg, c_beg, bos, eos));
-  cp_async_commit();
-  for (int64_t c = c_beg; c < c_end; ++c) {
-    const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
-    const int L = g.L;
-    const TBuf b = tbuf<kRec>(smraw, (int)(c & 1));
-    cp_async_wait<0>();
-    __syncthreads();  // chunk c's operands landed; everyone is done with chunk c-1's buffer
-    if (c + 1 < c_end) t_load<kRec>(tbuf<kRec>(smraw, (int)((c + 1) & 1)), p, h, hv, v0, chunk_geo(c + 1, c_beg, bos, eos));
-    cp_async_commit();
-    store_planes_t<16>(p.hs + slice_planes(c, p.HV, hv, vsl, DK), st, cw, lane, stage);  // S entering chunk c
-
-    // X^T = S^T K^T (A = mu_S S^T)
-    float x[8][4];
-    zero_acc(x);
-    Pow2 sS;
-    {
-      AbsMax m;
-#pragma unroll
-      for (int nn = 0; nn < 16; ++nn)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) m.add(st[nn][e]);
-      sS = pow2_scale(m.warp_max());
-    }
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      uint32_t a[4];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        a[2 * u] = pack_h2(sS.mu * st[2 * kk + u][0], sS.mu * st[2 * kk + u][1]);
-        a[2 * u + 1] = pack_h2(sS.mu * st[2 * kk + u][2], sS.mu * st[2 * kk + u][3]);
-      }
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t bk[4];
-        ldsm_x4(bk, b.K + bn_off_sw<DK>(16 * kk, 16 * np, lane));
-        mma_f16(x[2 * np], a, bk[0], bk[1]);
-        mma_f16(x[2 * np + 1], a, bk[2], bk[3]);
-      }
-    }
-    // Y^T in place of X^T (v^T tiles by transposed ldmatrix land in the accumulator layout; rows
-    // r >= L selected to 0), then its fp16 hi and lo A fragments (mu_Y)
-    AbsMax mY;
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t va[4];
-      ldsm_x4_t(va, b.V + at_off(kTLD, j0, 16 * kk, lane));
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int nn = 2 * kk + u, r = 8 * nn + 2 * tq;
-        const float2 fb = *reinterpret_cast<const float2*>(b.fb + r);
-        const float2 fx = *reinterpret_cast<const float2*>(b.fx + r);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const uint32_t vv = va[2 * u + hh];
-          float& y0 = x[nn][2 * hh];
-          float& y1 = x[nn][2 * hh + 1];
-          y0 = r < L ? fb.x * bf_lo(vv) - fx.x * (sS.inv * y0) : 0.f;
-          y1 = r + 1 < L ? fb.y * bf_hi(vv) - fx.y * (sS.inv * y1) : 0.f;
-          mY.add(y0);
-          mY.add(y1);
-        }
-      }
-    }
-    const Pow2 sY = pow2_scale(mY.warp_max());
-    uint32_t yh[4][4], yl[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int nn = 2 * kk + u;
-          split_h2(sY.mu * x[nn][2 * hh], sY.mu * x[nn][2 * hh + 1], yh[kk][2 * u + hh], yl[kk][2 * u + hh]);
-        }
-    // D^T = Y^T T^T (T[r'][r] = 0 for r's 16-block above r''s: skipped), unscaled, rows >= L
-    // selected to 0; its planes; D'^T = D^T diag(dec) as A fragments (mu_D)
-    float d[8][4];
-    zero_acc(d);
-    mma_lower_t(d, yh, b.T, lane);
-    mma_lower_t(d, yl, b.T, lane);
-    AbsMax mD;
-#pragma unroll
-    for (int nn = 0; nn < 8; ++nn) {
-      const int r = 8 * nn + 2 * tq;
-      const float2 dc = *reinterpret_cast<const float2*>(b.dec + r);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        d[nn][e] = r + (e & 1) < L ? sY.inv * d[nn][e] : 0.f;
-        mD.add(((e & 1) ? dc.y : dc.x) * d[nn][e]);
-      }
-    }
-    store_planes_t<8>(p.Dl + slice_planes(c, p.HV, hv, vsl, C), d, cw, lane, stage);
-    const Pow2 sD = pow2_scale(mD.warp_max());
-    uint32_t da[4][4];
-    // (the unscaled product first: mu times a row factor alone may overflow, e.g. mu = 2^125 for an
-    // all-zero D' and dec = 1000 for a zero k row, and inf * 0 is NaN)
-    pack_a16(da, d, [&](int nn, int e, float v) {
-      return sD.mu * (((e & 1) ? b.dec[8 * nn + 2 * tq + 1] : b.dec[8 * nn + 2 * tq]) * v);
-    });
-    // S^T <- e^{gam_L} S^T + (D'^T K) / mu_D   (B = K as stored, [k][n]: transposed ldmatrix)
-    float u[16][4];
-    zero_acc(u);
-    mma_rows_kn(u, da, b.K, lane);
-    const float eg = expf(*b.gl);
-#pragma unroll
-    for (int nn = 0; nn < 16; ++nn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[nn][e] = eg * st[nn][e] + sD.inv * u[nn][e];
-  }
-  cp_async_wait<0>();
-}
-
-// The fp16 backward's two independent sequential passes in one launch (v36): blocks [0, ndh) run
-// the reverse pass, [ndh, 2 ndh) the state recompute. 4-warp blocks, two per SM, so at 1x8192 with
-// 48 value heads all 192 blocks are resident at once.
-__global__ void __launch_bounds__(kTThreads, 2) gdn_pair16_kernel(KParams p, int64_t ndh) {
-  extern __shared__ __align__(128) unsigned char smraw[];
-  const int64_t bid = blockIdx.x;
-  if (bid < ndh)
-    dh16t_body(p, bid, smraw);
-  else
-    rec16t_body(p, bid - ndh, smraw);
-}
-
-// bytes of dynamic shared memory of gdn_pair16_kernel: the larger of the two bodies' (the reverse
-// pass: two operand buffers, the q tile, the four warps' staging areas; the recompute: two
-// buffers, the staging)
-size_t pair16_smem_bytes() {
-  const size_t dh = 2 * buf_bytes(kDh) + (size_t)kKQ * 2 + (size_t)kTW * kStageEl * 2;
-  const size_t rec = 2 * buf_bytes(kRec) + (size_t)kTW * kStageEl * 2;
-  return rec > dh ? rec : dh;
-}
+// bytes of dynamic shared memory of gdn_dh16t_kernel: two operand buffers, the q tile, the four
+// warps' staging areas
+size_t dh16t_smem_bytes() { return 2 * buf_bytes(kDh) + (size_t)kKQ * 2 + (size_t)kTW * kStageEl * 2; }
 
 }  // namespace qrun::gdn::detail

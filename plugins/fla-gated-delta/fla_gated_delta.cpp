@@ -429,11 +429,11 @@ void register_all(Registrar& r) {
                       "checked per sequence with a bf16x2 fallback; the fast default) or bf16x2 "
                       "(hi/lo bf16 planes, 16 significant bits)"),
              Field::choice("backward_operands", "auto", {"auto", "fp16", "bf16x2"})
-                 .doc("operands of the backward's sequential passes (the state gradient and the "
-                      "recompute of the states): fp16 (scaled per product, 11 significant bits; "
-                      "22 for the prediction error), the fast one and what auto takes, or bf16x2 "
-                      "(16 bits, gate-parameter gradients ~1e-5 instead of ~1e-4); the other "
-                      "backward products are always bf16x2")},
+                 .doc("operands of the backward's reverse pass (the state gradient): fp16 (scaled "
+                      "per product, 11 significant bits), bf16x2, or auto: fp16 when the batch has "
+                      "at least as many (sequence, value head, 64-wide V slice) items as the GPU "
+                      "has SMs, where it is the faster one (the other backward products are "
+                      "always bf16x2)")},
       [](const Config& c) {
         using Path = qrun::gdn::GdnProblem::BwdPath;
         const std::string bwd = c.get_optional_string("backward_operands").value_or("auto");

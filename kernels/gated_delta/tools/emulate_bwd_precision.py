@@ -10,8 +10,10 @@ Runs the backward the way the kernels decompose it -- the h recompute and the re
   recf: the h recompute's operands one by one, (S, Y, T, D') each '-' (exact) | 'fp16' (scaled as
     rec) | 'fp16x2' (scaled, then fp16 hi + fp16 lo: 22 bits), for a register-state recompute
     that must fit beside the fp16 reverse pass (session 15: fp16 states fail dA_log)
+  fp16g / fp16x2g: one scale per 16-column group (a warp's tile in the register-state kernels)
 and reports the worst relative error (||x - exact|| / ||exact||, as test_gated_delta) of every
-gradient over 8 seeds, for the `qrun check` strong-gate case and for mild gates, lens
+gradient over 8 seeds, for the `qrun check` strong-gate case and for mild gates (run() also takes
+'near0': test_gated_delta's gate_kind 0 with the fused gate; session 16 used it), lens
 [1, 2, 3, 63, 64, 65, 200], q/k l2norm, fused gate and beta sigmoid.
 
   .venv/bin/python kernels/gated_delta/tools/emulate_bwd_precision.py          # the table
