@@ -520,7 +520,7 @@ int main() {
       c.do_scale = 0x1p-60f; add(c); }
     { Case c; c.name = "bwd_bf16x2_mixed_fused"; c.lens = {63, 64, 65, 1, 2, 3, 130, 1000};
       c.H = 2; c.HV = 4; c.l2 = c.gate_fused = c.beta_sigmoid = c.h0 = c.dht = true; c.bwd = GdnProblem::BwdPath::Bf16x2; add(c); }
-
+    // right padding on the bf16x2 backward too
     { Case c; c.name = "zero_tails_bf16x2"; c.lens = {200, 200, 200, 64}; c.H = 2; c.HV = 4; c.gate_kind = 0;
       c.l2 = c.gate_fused = c.beta_sigmoid = c.zero_tails = true; c.bwd = GdnProblem::BwdPath::Bf16x2; add(c); }
     { Case c; c.name = "total_32k_4x8192"; c.lens = {8192, 8192, 8192, 8192}; c.H = 1; c.HV = 2;
