@@ -46,6 +46,7 @@ static void fill_bf16(__nv_bfloat16* d, size_t n, float scale, std::mt19937& rng
 namespace qrun::gdn::detail {
 void gdn_debug_phases_seq(unsigned long long* out);  // null: reset
 void gdn_debug_phases_bwd(unsigned long long* out);
+void gdn_debug_phases_seqt(unsigned long long* out);
 }  // namespace qrun::gdn::detail
 // Per-phase cycle split of one launch sequence (thread 0 of every block, summed over blocks).
 static void print_phases(const char* what, const unsigned long long* c, int lo, int hi) {
@@ -208,10 +209,13 @@ int main(int argc, char** argv) {
       using namespace qrun::gdn::detail;
       unsigned long long c[32];
       gdn_debug_phases_seq(nullptr);
+      gdn_debug_phases_seqt(nullptr);
       gdn_forward(p, fo, ws, wsb, nullptr);
       CK(cudaDeviceSynchronize());
       gdn_debug_phases_seq(c);
       print_phases("state fwd", c, 0, 7);
+      gdn_debug_phases_seqt(c);
+      print_phases("state16t", c, 0, 5);
       gdn_debug_phases_seq(nullptr);
       gdn_debug_phases_bwd(nullptr);
       gdn_backward(p, io, ws, wsb, nullptr);

@@ -323,7 +323,7 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
     if (p.num_seqs > 0) {
       const int64_t blocks = p.num_seqs * p.HV * seq_t_slices();
       set_smem(gdn_state16t_kernel, seq_t_smem_bytes(), 4);
-      gdn_state16t_kernel<<<grid1d(blocks, "state"), 128, seq_t_smem_bytes(), s>>>(k);
+      gdn_state16t_kernel<<<grid1d(blocks, "state"), 256, seq_t_smem_bytes(), s>>>(k);
       check_launch("gdn_state16t_kernel");
       pr.mark("state(fwd, fp16)");
     }

@@ -1,6 +1,8 @@
 // The fast forward's sequential kernel with the recurrent state held in registers as MMA operands
-// (v20). One block of 4 warps per (sequence, value head, 64-wide V slice); warp w owns the 16
-// value columns 16w..16w+15 of the slice and computes everything transposed:
+// (v20; v38: wgmma and a producer warpgroup). One block per (sequence, value head, 64-wide V
+// slice): 4 compute warps, where warp w owns the 16 value columns 16w..16w+15 of the slice and
+// computes everything transposed, and 4 producer warps that copy the chunk operands in and the
+// o tiles out:
 //
 //   X^T  = S^T K^T,  O1^T = S^T Q^T                      (16 x 64 each, k = 128)
 //   Y^T  = (V^T - X^T diag(e^gam rsK)) diag(beta)        (elementwise; rows >= L selected to 0)
@@ -17,6 +19,11 @@
 // warp instructions per warp and step on 128 MMAs: plane stores, ldmatrix of its own state and five
 // barriers; ncu, v18.)
 //
+// On sm_90a (v38) the four compute warps are one warpgroup and every product is a wgmma with A
+// from registers: the same fragments, as the m64 A operand of the warpgroup, and B read from
+// shared memory once per block instead of by every warp's ldmatrix. State kernel at 1x8192 on the
+// H200: 0.338 ms (mma.sync, v35) -> 0.287 (wgmma) -> 0.270 (+ producers; docs/PERF.md).
+//
 // Operands and numerics are those of that plane kernel: fp16 K/Q copies, T and P planes
 // and fp16 roundings of S, Y, D and D' (gdn_mma16.cuh), fp32 accumulation and state, the same
 // range check (F16 guard) reported through p.f16_bad. The row factors come from prep
@@ -27,8 +34,20 @@
 #include "gdn_common.cuh"
 #include "gdn_kernels.cuh"
 #include "gdn_mma16.cuh"
+#include "gdn_wgmma.cuh"
+
+// The forward's products on wgmma (sm_90a; v38): A = the warpgroup's registers (S^T, Y^T, D^T,
+// D'^T), B = the chunk's K, Q, T, P tiles read once per block instead of once per warp by
+// ldmatrix. Other architectures (and -DQRUN_GDN_NO_WGMMA) build the mma.sync form.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(QRUN_GDN_NO_WGMMA)
+#define GDN_FWD_WGMMA 1
+#else
+#define GDN_FWD_WGMMA 0
+#endif
 
 namespace qrun::gdn::detail {
+GDN_PH_DECL
+GDN_PH_HOST(gdn_debug_phases_seqt)
 namespace {
 
 constexpr int kTW = 4;              // warps per block
@@ -47,18 +66,30 @@ enum { kFwd = 0, kDh = 1 };
 
 // One chunk's shared operands (a buffer; two of them alternate by chunk parity). Per kind:
 // kFwd K, Q, T, P, v; kDh K, T, P, dO (in V's place; its q tile is single-buffered after the two
-// buffers, see gdn_dh16t_kernel). Absent members are null.
+// buffers, see gdn_dh16t_kernel). Absent members are null. K and Q are swizzled [64][128] tiles,
+// except in the wgmma forward: there they share two [128][64] column blocks (K rows 0-63, Q rows
+// 64-127; the 128-byte swizzle of gdn_wgmma.cuh), so that each block is one wgmma B operand.
 struct TBuf {
   __nv_bfloat16 *K, *Q, *T, *P, *V;  // K, Q, T, P: fp16 bits; V: raw bf16
   float *fb, *fx, *fq, *dec, *gl;
 };
 constexpr size_t buf_bytes(int kind) {
-  return (size_t)((kind == kFwd ? 2 : 1) * kKQ + 2 * kPL + kVT) * 2 +
-         (kNVec * C + 32) * sizeof(float);  // (gam_L padded to 128 bytes)
+  // (gam_L padded to 128 bytes; the forward's buffers to 1024, the wgmma tiles' alignment)
+  const size_t b = (size_t)((kind == kFwd ? 2 : 1) * kKQ + 2 * kPL + kVT) * 2 + (kNVec * C + 32) * sizeof(float);
+  return kind == kFwd ? (b + 1023) / 1024 * 1024 : b;
 }
+constexpr int kCB = 2 * C * 64;  // the wgmma forward's K/Q column block: [128 rows][64] elements
 static_assert(buf_bytes(kFwd) % 128 == 0 && buf_bytes(kDh) % 128 == 0,
               "buffers stay 128-byte aligned");
 constexpr size_t kTBufBytes = buf_bytes(kFwd);
+// The forward's operand buffers: chunk c + kFB - 1's copies are issued at the top of step c.
+// (Three buffers measured slower than two with the wgmma kernel: forward 0.504 against 0.464 ms
+// at 1x8192, session 17; the knob stays for the next layout.)
+#ifndef QRUN_GDN_FWD_BUFS
+#define QRUN_GDN_FWD_BUFS 2
+#endif
+constexpr int kFB = QRUN_GDN_FWD_BUFS;
+static_assert(kFB >= 2, "at least double-buffered");
 
 template <int KIND>
 __device__ __forceinline__ TBuf tbuf(unsigned char* base, int b) {
@@ -66,7 +97,7 @@ __device__ __forceinline__ TBuf tbuf(unsigned char* base, int b) {
   __nv_bfloat16* e = reinterpret_cast<__nv_bfloat16*>(base + b * buf_bytes(KIND));
   t.K = e;
   e += kKQ;
-  t.Q = KIND == kFwd ? e : nullptr;
+  t.Q = KIND == kFwd ? (GDN_FWD_WGMMA ? t.K + C * 64 : e) : nullptr;
   e += KIND == kFwd ? kKQ : 0;
   t.T = e;
   e += kPL;
@@ -83,14 +114,15 @@ __device__ __forceinline__ TBuf tbuf(unsigned char* base, int b) {
 }
 
 // cp.async copies of the chunk's fp16 copies of k (or q) and, with BOTH, also q (key head h) into
-// swizzled [64][128] tiles, rows >= L zero-filled: 8 rows per pass, 16 pieces of 8 per row. The
-// caller commits.
-template <bool BOTH>
+// swizzled [64][128] tiles (WG: the rows of [128][64] column blocks kCB elements apart, see TBuf),
+// rows >= L zero-filled: 8 rows per pass, 16 pieces of 8 per row. The caller commits.
+template <bool BOTH, bool WG = false>
 __device__ __forceinline__ void ld_h16(__nv_bfloat16* d0p, const void* s0, __nv_bfloat16* d1p, const void* s1,
-                                       const KParams& p, int h, const ChunkGeo& g) {
-  const int tid = threadIdx.x;
+                                       const KParams& p, int h, const ChunkGeo& g, int tid = threadIdx.x) {
   // (row offsets inside a chunk in 32 bits: 63 rows x H x 128 elements)
-  const int r0 = tid >> 4, c8 = (tid & 15) * 8, d0 = swz<DK>(r0, c8);
+  const int r0 = tid >> 4, c8 = (tid & 15) * 8;
+  const int d0 = WG ? (c8 >> 6) * kCB + swz<64>(r0, c8 & 63) : swz<DK>(r0, c8);
+  constexpr int kRow = WG ? 64 : DK;  // elements between rows
   const int rst = p.H * DK;  // row stride of the fp16 q/k copies
   const int64_t off = (g.t0 * p.H + h) * (int64_t)DK + c8;
   const __half* src0 = static_cast<const __half*>(s0) + off;
@@ -100,8 +132,8 @@ __device__ __forceinline__ void ld_h16(__nv_bfloat16* d0p, const void* s0, __nv_
     const int r = r0 + 8 * i;
     const bool ok = r < g.L;
     const int ro = ok ? r * rst : 0;
-    cp_async16(d0p + d0 + 8 * i * DK, src0 + ro, ok ? 16 : 0);
-    if constexpr (BOTH) cp_async16(d1p + d0 + 8 * i * DK, src1 + ro, ok ? 16 : 0);
+    cp_async16(d0p + d0 + 8 * i * kRow, src0 + ro, ok ? 16 : 0);
+    if constexpr (BOTH) cp_async16(d1p + d0 + 8 * i * kRow, src1 + ro, ok ? 16 : 0);
   }
 }
 
@@ -109,10 +141,11 @@ __device__ __forceinline__ void ld_h16(__nv_bfloat16* d0p, const void* s0, __nv_
 // plain stores when its rows are not 16-byte aligned). The caller commits. Thread tid copies the
 // same columns of rows tid/16 + 8i (q/k) and tid/8 + 16i (T, P, v) in every chunk, so the
 // swizzled destinations are fixed offsets plus multiples of a row block.
+// (tid: the copying thread's index among kTThreads; the forward's producer warpgroup passes its own)
 template <int KIND>
-__device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, int hv, int v0, const ChunkGeo& g) {
-  const int tid = threadIdx.x;
-  ld_h16<KIND == kFwd>(b.K, p.kh, b.Q, p.qh, p, h, g);
+__device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, int hv, int v0, const ChunkGeo& g,
+                                       int tid = threadIdx.x) {
+  ld_h16<KIND == kFwd, KIND == kFwd && GDN_FWD_WGMMA>(b.K, p.kh, b.Q, p.qh, p, h, g, tid);
   const int r0 = tid >> 3, c8 = (tid & 7) * 8;  // T, P, v: 16 rows per pass, 8 pieces per row
   {
     const int d0 = swz<C>(r0, c8);
@@ -160,6 +193,7 @@ __device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, i
   }
 }
 
+#if !GDN_FWD_WGMMA
 // acc (16 x 64, 8 n8 tiles) += A M^T for a 64 x 64 fp16 plane M that is zero in every 16 x 16
 // block above the diagonal (T, P): A's k-block kk meets only M's blocks np >= kk of that column.
 __device__ __forceinline__ void mma_lower_t(float (&acc)[8][4], const uint32_t (&a)[4][4], const __nv_bfloat16* M, int lane) {
@@ -173,6 +207,20 @@ __device__ __forceinline__ void mma_lower_t(float (&acc)[8][4], const uint32_t (
       mma_f16(acc[2 * np + 1], a[kk], bm[2], bm[3]);
     }
 }
+#endif
+
+#if GDN_FWD_WGMMA
+// acc (16 x 64 per warp) += A M^T on wgmma for a 64 x 64 fp16 plane M that is zero in every
+// 16 x 16 block above the diagonal (T, P), B = M through a K-major descriptor (k16 step kk: +32 B
+// in its rows). The zero blocks are multiplied too: skipping them (N = 64 - 16kk at tiles
+// 2kk..7) made ptxas serialize every wgmma of the kernel (the suffixes of one accumulator array
+// cannot all meet the register alignment). The caller fences, commits and waits.
+__device__ __forceinline__ void mma_lower_wg(float (&acc)[8][4], const uint32_t (&a)[4][4], const __nv_bfloat16* M) {
+  const uint64_t dM = wg::desc128_k(M);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<8, 0, 0>(acc, a[kk], wg::desc_add(dM, 32 * kk));
+}
+#endif
 
 // bf16 halves of a packed pair as floats
 __device__ __forceinline__ float bf_lo(uint32_t x) { return __uint_as_float(x << 16); }
@@ -306,18 +354,28 @@ __device__ __forceinline__ void bwd_slice(int v0, int j0, int& vsl, int& cw) {
 
 }  // namespace
 
-size_t seq_t_smem_bytes() { return 2 * kTBufBytes + (size_t)2 * kVT * 2; }
+// (+1 KB: the kernel aligns its buffers to 1024 bytes itself)
+size_t seq_t_smem_bytes() { return kFB * kTBufBytes + (size_t)2 * kVT * 2 + 1024; }
 int seq_t_slices() { return kTNS; }
 
-__global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
-  extern __shared__ __align__(128) unsigned char smraw[];
+// Warp-specialized (v38): warps 0-3 (one warpgroup) compute, warps 4-7 copy (the chunk operands in
+// by cp.async, the staged o tiles out), so that the compute warps issue no address arithmetic. Both
+// run the same chunk loop and meet at its one barrier per step (the same instruction for all: a
+// named barrier at different places in the two roles' code would need the slower non-.aligned
+// barrier.sync, 0.012 ms at 1x8192).
+__global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams p) {
+  extern __shared__ __align__(128) unsigned char smraw0[];
+  // the 128-byte swizzle of the wgmma tiles works on absolute shared-memory addresses
+  unsigned char* const smraw = smraw0 + ((1024u - (smem_u32(smraw0) & 1023u)) & 1023u);
   const int64_t bid = blockIdx.x;
   const SeqBlock sb = seq_block(p, bid, kTNS);
   const int vs = sb.vs, hv = sb.hv, h = sb.h;
   const int64_t n = sb.n;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const bool producer = tid >= kTThreads;  // (warp-uniform)
+  const int ptid = tid - kTThreads;        // a producer's index among the producers
   const int v0 = vs * kTV, j0 = 16 * warp;  // the block's first value column; the warp's strip
-  __nv_bfloat16* const Ob = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * kTBufBytes);  // [2][64][kTLD]
+  __nv_bfloat16* const Ob = reinterpret_cast<__nv_bfloat16*>(smraw + kFB * kTBufBytes);  // [2][64][kTLD]
   const int64_t KV = (int64_t)DK * DV;
   // o leaves through shared memory as 16-byte row pieces, one step later (after the barrier)
   const bool stage_o = p.vec_o;
@@ -325,7 +383,7 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
   const auto flush_o = [&](const __nv_bfloat16* ob, int64_t t0, int L) {
 #pragma unroll
     for (int i = 0; i < C * kTV / 8 / kTThreads; ++i) {
-      const int v = tid + i * kTThreads, r = v / (kTV / 8), c8 = (v % (kTV / 8)) * 8;
+      const int v = ptid + i * kTThreads, r = v / (kTV / 8), c8 = (v % (kTV / 8)) * 8;
       if (r < L) *reinterpret_cast<uint4*>(obase + (t0 + r) * p.o_st + c8) = *reinterpret_cast<const uint4*>(ob + r * kTLD + c8);
     }
   };
@@ -334,7 +392,8 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
   // Lane element (nn, e): j = gq + 8 (e >> 1), i = 8 nn + 2 tq + (e & 1).
   float st[16][4];
   {
-    const float* h0 = p.h0 ? p.h0 + (n * p.HV + hv) * KV + v0 + j0 : nullptr;
+    // (consumers only: a producer's j0 lies beyond the slice)
+    const float* h0 = p.h0 && !producer ? p.h0 + (n * p.HV + hv) * KV + v0 + j0 : nullptr;
 #pragma unroll
     for (int nn = 0; nn < 16; ++nn)
 #pragma unroll
@@ -345,25 +404,75 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  if (c_beg < c_end) t_load<kFwd>(tbuf<kFwd>(smraw, (int)(c_beg & 1)), p, h, hv, v0, chunk_geo(c_beg, c_beg, bos, eos));
-  cp_async_commit();
-  for (int64_t c = c_beg; c < c_end; ++c) {
+  if (producer) {
+#pragma unroll
+    for (int i = 0; i < kFB - 1; ++i) {
+      if (c_beg + i < c_end) t_load<kFwd>(tbuf<kFwd>(smraw, i), p, h, hv, v0, chunk_geo(c_beg + i, c_beg, bos, eos), ptid);
+      cp_async_commit();
+    }
+  }
+  int bi = 0;  // chunk c's buffer
+  GDN_PH_START
+  for (int64_t c = c_beg; c < c_end; ++c, bi = bi + 1 == kFB ? 0 : bi + 1) {
+    if (producer) {
+      cp_async_wait<kFB - 2>();  // chunk c (every step commits one group, possibly empty)
+#if GDN_FWD_WGMMA
+      wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
+#endif
+    }
+    // Chunk c's operands have landed; the consumers are done with chunk c-1's buffer and have
+    // staged chunk c-1's o tile.
+    __syncthreads();
+    if (producer) {
+      if (stage_o && c > c_beg) {
+        const ChunkGeo gp = chunk_geo(c - 1, c_beg, bos, eos);
+        flush_o(Ob + ((c - 1) & 1) * kVT, gp.t0, gp.L);
+      }
+      if (c + kFB - 1 < c_end)  // into chunk c-1's buffer
+        t_load<kFwd>(tbuf<kFwd>(smraw, bi == 0 ? kFB - 1 : bi - 1), p, h, hv, v0, chunk_geo(c + kFB - 1, c_beg, bos, eos), ptid);
+      cp_async_commit();
+      continue;
+    }
     const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
     const int L = g.L;
-    const TBuf b = tbuf<kFwd>(smraw, (int)(c & 1));
-    cp_async_wait<0>();
-    __syncthreads();  // chunk c's operands landed; everyone is done with chunk c-1's buffer and o tile
-    if (stage_o && c > c_beg) {
-      const ChunkGeo gp = chunk_geo(c - 1, c_beg, bos, eos);
-      flush_o(Ob + ((c - 1) & 1) * kVT, gp.t0, gp.L);
-    }
-    if (c + 1 < c_end) t_load<kFwd>(tbuf<kFwd>(smraw, (int)((c + 1) & 1)), p, h, hv, v0, chunk_geo(c + 1, c_beg, bos, eos));
-    cp_async_commit();
+    const TBuf b = tbuf<kFwd>(smraw, bi);
+    GDN_PH(0);
 
     // X^T = S^T K^T and O1^T = S^T Q^T: A = S^T from registers, B = K / Q rows ([n][k] storage)
     float x[8][4], o[8][4];
     zero_acc(x);
     zero_acc(o);
+#if GDN_FWD_WGMMA
+    // (K-major B: column block kk / 4, k16 step kk % 4 inside the 128-byte rows; Q rows 64 on)
+    const uint64_t dK = wg::desc128_k(b.K), dQ = wg::desc128_k(b.Q);
+    {
+      uint32_t a[8][4];
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          a[kk][2 * u] = pack_h2(st[2 * kk + u][0], st[2 * kk + u][1]);
+          a[kk][2 * u + 1] = pack_h2(st[2 * kk + u][2], st[2 * kk + u][3]);
+          mS.add(a[kk][2 * u]);
+          mS.add(a[kk][2 * u + 1]);
+        }
+      wg::pin(x);
+      wg::pin(o);
+      wg::pin(a);
+      wg::fence();
+      // two groups: Y needs X only, O1 finishes meanwhile
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        wg::mma_rs<8, 0, 0>(x, a[kk], wg::desc_add(dK, (kk >> 2) * kCB * 2 + (kk & 3) * 32));
+      wg::commit();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        wg::mma_rs<8, 0, 0>(o, a[kk], wg::desc_add(dQ, (kk >> 2) * kCB * 2 + (kk & 3) * 32));
+      wg::commit();
+      wg::wait<1>();
+      wg::pin(x);
+    }
+#else
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       uint32_t a[4];
@@ -385,6 +494,7 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
         mma_f16(o[2 * np + 1], a, bq[2], bq[3]);
       }
     }
+#endif
     // Y^T as A fragments (k = chunk row r): v^T tiles by transposed ldmatrix land in the
     // accumulator layout (lane: rows j = gq, gq + 8; columns r = 8 nn + 2 tq, +1)
     uint32_t ya[4][4];
@@ -407,10 +517,22 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
         }
       }
     }
+    GDN_PH(1);
     // D^T = Y^T T^T (T[r'][r] = 0 for r's 16-block above r''s: skipped)
     float d[8][4];
     zero_acc(d);
+#if GDN_FWD_WGMMA
+    wg::pin(d);
+    wg::pin(ya);
+    wg::fence();
+    mma_lower_wg(d, ya, b.T);
+    wg::commit();
+    wg::wait<0>();  // (O1 too)
+    wg::pin(d);
+    wg::pin(o);
+#else
     mma_lower_t(d, ya, b.T, lane);
+#endif
     // D (rows >= L selected to 0) and D' = diag(dec) D as A fragments
     uint32_t da[4][4], dpa[4][4];
 #pragma unroll
@@ -429,6 +551,25 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
           mD.add(dpa[kk][2 * u + hh]);
         }
       }
+    GDN_PH(2);
+#if GDN_FWD_WGMMA
+    // S^T <- e^{gam_L} S^T + D'^T K, issued first: the next step waits for it (B = K rows 16kk..,
+    // MN-major: n = key, column blocks kCB apart)
+    {
+      const float eg = expf(*b.gl);
+#pragma unroll
+      for (int nn = 0; nn < 16; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nn][e] *= eg;
+      wg::pin(st);
+      wg::pin(dpa);
+      wg::fence();
+      const uint64_t dKt = wg::desc128_mn(b.K, kCB * 2);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wg::mma_rs<16, 0, 1>(st, dpa[kk], wg::desc_add(dKt, kk * 16 * 128));
+      wg::commit();
+    }
+#endif
     // O^T = O1^T diag(e^gam rsQ) + D^T P^T (P lower triangular including the diagonal)
 #pragma unroll
     for (int nn = 0; nn < 8; ++nn) {
@@ -438,7 +579,19 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
       o[nn][2] *= fq.x;
       o[nn][3] *= fq.y;
     }
+#if !GDN_FWD_WGMMA
     mma_lower_t(o, da, b.P, lane);
+#else
+    wg::pin(o);
+    wg::pin(da);
+    wg::fence();
+    mma_lower_wg(o, da, b.P);
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(o);
+    wg::pin(st);
+#endif
+    GDN_PH(3);
     // o rows: each 8x8 block (rows j, columns r) transposed in registers, so that the lane holds
     // the bf16 pair (row r = 8 nn + gq, columns j = 8 hh + 2 tq, +1)
     uint32_t ot[8][2];
@@ -470,6 +623,8 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
           }
         }
     }
+    GDN_PH(4);
+#if !GDN_FWD_WGMMA
     // S^T <- e^{gam_L} S^T + D'^T K   (B = K as stored, [k][n]: transposed ldmatrix)
     const float eg = expf(*b.gl);
 #pragma unroll
@@ -485,14 +640,16 @@ __global__ void __launch_bounds__(kTThreads, 1) gdn_state16t_kernel(KParams p) {
         mma_f16(st[2 * np], dpa[kk], bk[0], bk[1]);
         mma_f16(st[2 * np + 1], dpa[kk], bk[2], bk[3]);
       }
+#endif
   }
-  cp_async_wait<0>();
-  if (stage_o && c_beg < c_end) {  // the last chunk's o tile
-    __syncthreads();
-    const ChunkGeo gp = chunk_geo(c_end - 1, c_beg, bos, eos);
-    flush_o(Ob + ((c_end - 1) & 1) * kVT, gp.t0, gp.L);
-  }
-  if (p.ht) {
+  if (producer) cp_async_wait<0>();
+  __syncthreads();  // the last o tile is staged
+  if (producer) {
+    if (stage_o && c_beg < c_end) {
+      const ChunkGeo gp = chunk_geo(c_end - 1, c_beg, bos, eos);
+      flush_o(Ob + ((c_end - 1) & 1) * kVT, gp.t0, gp.L);
+    }
+  } else if (p.ht) {
     float* ht = p.ht + (n * p.HV + hv) * KV + v0 + j0;
 #pragma unroll
     for (int nn = 0; nn < 16; ++nn)

@@ -1,8 +1,10 @@
-// Hopper warpgroup MMA (wgmma.mma_async, sm_90a only) for the backward's chunk kernel: bf16
-// operands from shared memory through matrix descriptors, fp32 accumulators in registers.
-// Hand-written PTX wrappers: CUTLASS/CuTe would bring a large header dependency for two
+// Hopper warpgroup MMA (wgmma.mma_async, sm_90a only), fp32 accumulators in registers:
+// - the backward's chunk kernel: bf16 A and B from shared memory (64-byte swizzle, below);
+// - the fast forward's register-state kernel: fp16 A from registers (the state), B from shared
+//   memory with the 128-byte swizzle, K-major or MN-major (further below).
+// Hand-written PTX wrappers: CUTLASS/CuTe would bring a large header dependency for a handful of
 // instructions and one descriptor format (the kernels build with nvcc alone); test_gdn_wgmma
-// checks both shapes used here against a CPU product, exactly.
+// checks every form used here against a CPU product, exactly.
 //
 // Operand layout: K-major planes of 32 bf16 columns with the 64-byte swizzle. Rows are dense
 // (64 B, as in global memory); the 16-byte chunk j of row r lies at chunk j ^ ((r >> 1) & 3),
@@ -75,6 +77,16 @@ __device__ __forceinline__ void pin(float (&d)[NT][4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[n][e])::"memory");
 }
+// ... and before wgmma::fence: ties the thread's own writes of accumulator and A fragment
+// registers to that point, so that the compiler cannot sink them past the fence (it would then
+// have to serialize the MMAs).
+template <int NT>
+__device__ __forceinline__ void pin(uint32_t (&a)[NT][4]) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[n][e])::"memory");
+}
 
 // D[64][8*NT] += A[64][16] B[16][8*NT] (bf16 x bf16 -> fp32), A and B K-major in shared memory
 // (descriptors da, db). Accumulator layout (warp w of the warpgroup): n8 tile n, element e at row
@@ -99,6 +111,98 @@ __device__ __forceinline__ void mma_ss(float (&d)[4][4], uint64_t da, uint64_t d
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "l"(da), "l"(db), "r"(1));
+}
+#endif
+
+// ---- 128-byte swizzle, fp16, A from registers (the forward's register-state kernel) ----
+// Operand tiles of 64-element (128-byte) rows, the 16-byte chunk j of row r at chunk j ^ (r & 7)
+// (swz<64> of gdn_mma16.cuh), every tile on a 1024-byte boundary (one 8-row swizzle atom). A
+// wider matrix is a sequence of such [rows][64] tiles ("column blocks"). One tile serves both
+// operand orientations:
+// - K-major B (B[k][n] stored as rows n, k contiguous): 8-row groups 1024 B apart; a k16 step is
+//   +32 B inside the row, a column block further is the next tile.
+// - MN-major B (B[k][n] stored as rows k, n contiguous; the transposing form): 8-row groups along
+//   k 1024 B apart (SBO), column blocks of 64 n `lbo` bytes apart (LBO).
+__device__ __forceinline__ uint64_t desc128_k(const void* tile) { return desc(tile, 16, 1024) | (1ull << 62); }
+__device__ __forceinline__ uint64_t desc128_mn(const void* tile, uint32_t lbo) {
+  return desc(tile, lbo, 1024) | (1ull << 62);
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+// D[64][8 NT] (accumulator tiles O..O+NT-1 of d) += A[64][16] B[16][8 NT], fp16 x fp16 -> fp32.
+// A from registers: warp w of the warpgroup holds rows 16w..16w+15 as the mma.m16n8k16 A
+// fragment. B through descriptor db, MN-major when TB = 1. The accumulator layout is that of
+// mma_ss above. (Generated: one instruction form per N.)
+#define GDN_WG_D(i) "+f"(d[O + i][0]), "+f"(d[O + i][1]), "+f"(d[O + i][2]), "+f"(d[O + i][3])
+template <int O, int TB, int NTOT>
+__device__ __forceinline__ void mma_rs_n16(float (&d)[NTOT][4], const uint32_t (&a)[4], uint64_t db) {
+  static_assert(O >= 0 && O + 2 <= NTOT, "accumulator tiles");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "{%8, %9, %10, %11}, %12, p, 1, 1, %13;\n}\n"
+      : GDN_WG_D(0), GDN_WG_D(1)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(1));
+}
+template <int O, int TB, int NTOT>
+__device__ __forceinline__ void mma_rs_n32(float (&d)[NTOT][4], const uint32_t (&a)[4], uint64_t db) {
+  static_assert(O >= 0 && O + 4 <= NTOT, "accumulator tiles");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %22, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1, %21;\n}\n"
+      : GDN_WG_D(0), GDN_WG_D(1), GDN_WG_D(2), GDN_WG_D(3)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(1));
+}
+template <int O, int TB, int NTOT>
+__device__ __forceinline__ void mma_rs_n48(float (&d)[NTOT][4], const uint32_t (&a)[4], uint64_t db) {
+  static_assert(O >= 0 && O + 6 <= NTOT, "accumulator tiles");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %30, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23}, "
+      "{%24, %25, %26, %27}, %28, p, 1, 1, %29;\n}\n"
+      : GDN_WG_D(0), GDN_WG_D(1), GDN_WG_D(2), GDN_WG_D(3), GDN_WG_D(4), GDN_WG_D(5)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(1));
+}
+template <int O, int TB, int NTOT>
+__device__ __forceinline__ void mma_rs_n64(float (&d)[NTOT][4], const uint32_t (&a)[4], uint64_t db) {
+  static_assert(O >= 0 && O + 8 <= NTOT, "accumulator tiles");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
+      : GDN_WG_D(0), GDN_WG_D(1), GDN_WG_D(2), GDN_WG_D(3), GDN_WG_D(4), GDN_WG_D(5), GDN_WG_D(6), GDN_WG_D(7)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(1));
+}
+template <int O, int TB, int NTOT>
+__device__ __forceinline__ void mma_rs_n128(float (&d)[NTOT][4], const uint32_t (&a)[4], uint64_t db) {
+  static_assert(O >= 0 && O + 16 <= NTOT, "accumulator tiles");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %70, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"
+      : GDN_WG_D(0), GDN_WG_D(1), GDN_WG_D(2), GDN_WG_D(3), GDN_WG_D(4), GDN_WG_D(5), GDN_WG_D(6), GDN_WG_D(7), GDN_WG_D(8), GDN_WG_D(9), GDN_WG_D(10), GDN_WG_D(11), GDN_WG_D(12), GDN_WG_D(13), GDN_WG_D(14), GDN_WG_D(15)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(1));
+}
+#undef GDN_WG_D
+template <int NT, int O, int TB, int NTOT>
+__device__ __forceinline__ void mma_rs(float (&d)[NTOT][4], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (NT == 2) mma_rs_n16<O, TB>(d, a, db);
+  else if constexpr (NT == 4) mma_rs_n32<O, TB>(d, a, db);
+  else if constexpr (NT == 6) mma_rs_n48<O, TB>(d, a, db);
+  else if constexpr (NT == 8) mma_rs_n64<O, TB>(d, a, db);
+  else if constexpr (NT == 16) mma_rs_n128<O, TB>(d, a, db);
+  else static_assert(NT == 2, "N of 16, 32, 48, 64 or 128");
 }
 #endif
 

@@ -1,10 +1,16 @@
-// GPU test of the wgmma wrappers (gdn_wgmma.cuh) in the way gdn_bwd_chunk_kernel uses them: four
-// warpgroups, warpgroup g computing columns [8*NT*g, 8*NT*(g+1)) of D[64][R] = A[64][32] B^T, with
-// A a swizzled [64][32] plane and B a swizzled [R][32] plane, both read through K-major
-// descriptors (desc_rows, two k16 steps). The accumulators are checked in the mma.m16n8 fragment
-// layout the kernel relies on. Small integers make every product exact in bf16 and fp32, so the
-// comparison is exact. Exits 77 (skipped) without a GPU that runs sm_90a code.
+// GPU test of the wgmma wrappers (gdn_wgmma.cuh) in the ways the kernels use them, with the
+// accumulators checked in the mma.m16n8 fragment layout the kernels rely on. Small integers make
+// every product exact in bf16/fp16 and fp32, so the comparisons are exact. Exits 77 (skipped)
+// without a GPU that runs sm_90a code.
+// - gdn_bwd_chunk_kernel: four warpgroups, warpgroup g computing columns [8*NT*g, 8*NT*(g+1)) of
+//   D[64][R] = A[64][32] B^T, A a swizzled [64][32] plane and B a swizzled [R][32] plane, both
+//   through K-major descriptors (desc_rows, two k16 steps).
+// - gdn_state16t_kernel (the forward): one warpgroup, fp16 A from registers, B in the 128-byte
+//   swizzle: a [2][128][64] region of two column blocks (rows 0-63 "K", 64-127 "Q"), read K-major
+//   as X = A1 K^T and O = A1 Q^T (k = 128, both column blocks) and MN-major as S = A2 K (n = 128,
+//   k = 64: rows of K).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -42,6 +48,108 @@ __global__ void wg_product(const float* A, const float* B, float* D, int* ran) {
     }
   if (threadIdx.x == 0) *ran = 1;
 #endif
+}
+
+// The forward's three uses of the RS form on one [2][128][64] region Bm (see the top).
+__global__ void wg_rs_forward(const float* A1, const float* A2, const float* Bm, float* X, float* O, float* S, int* ran) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __shared__ __align__(1024) __half Bs[2 * 128 * 64];
+  for (int i = threadIdx.x; i < 128 * 128; i += blockDim.x) {
+    const int r = i / 128, c = i % 128;
+    Bs[(c >> 6) * 128 * 64 + (r << 6) + ((((c & 63) >> 3) ^ r) & 7) * 8 + (c & 7)] = __float2half(Bm[i]);
+  }
+  wg::fence_smem();
+  __syncthreads();
+  const int lane = threadIdx.x & 31, m0 = 16 * (threadIdx.x >> 5) + (lane >> 2), k0 = 2 * (lane & 3);
+  // A fragments of k-step kk (the mma.m16n8k16 layout) from a row-major [64][ld] matrix
+  auto frag = [&](const float* A, int ld, int kk, uint32_t (&a)[4]) {
+    for (int e = 0; e < 4; ++e) {
+      const int r = m0 + 8 * (e & 1), c = 16 * kk + k0 + 8 * (e >> 1);
+      __half2 h = __floats2half2_rn(A[r * ld + c], A[r * ld + c + 1]);
+      a[e] = *reinterpret_cast<uint32_t*>(&h);
+    }
+  };
+  uint32_t a1[8][4], a2[4][4];
+  for (int kk = 0; kk < 8; ++kk) frag(A1, 128, kk, a1[kk]);
+  for (int kk = 0; kk < 4; ++kk) frag(A2, 64, kk, a2[kk]);
+  float x[8][4] = {}, o[8][4] = {}, st[16][4] = {};
+  const uint64_t dK = wg::desc128_k(Bs), dQ = wg::desc128_k(Bs + 64 * 64), dKt = wg::desc128_mn(Bs, 128 * 64 * 2);
+  wg::fence();
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint32_t off = (kk >> 2) * 128 * 64 * 2 + (kk & 3) * 32;
+    wg::mma_rs<8, 0, 0>(x, a1[kk], wg::desc_add(dK, off));
+    wg::mma_rs<8, 0, 0>(o, a1[kk], wg::desc_add(dQ, off));
+  }
+  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<16, 0, 1>(st, a2[kk], wg::desc_add(dKt, kk * 16 * 128));
+  wg::commit();
+  wg::wait<0>();
+  wg::pin(x);
+  wg::pin(o);
+  wg::pin(st);
+  for (int n = 0; n < 16; ++n)
+    for (int e = 0; e < 4; ++e) {
+      const int r = m0 + 8 * (e >> 1), c = 8 * n + k0 + (e & 1);
+      if (n < 8) {
+        X[r * 64 + c] = x[n][e];
+        O[r * 64 + c] = o[n][e];
+      }
+      S[r * 128 + c] = st[n][e];
+    }
+  if (threadIdx.x == 0) *ran = 1;
+#endif
+}
+
+bool run_forward_case(std::mt19937& rng) {
+  std::uniform_int_distribution<int> u(-4, 4);
+  std::vector<float> a1(64 * 128), a2(64 * 64), bm(128 * 128);
+  for (auto& x : a1) x = (float)u(rng);
+  for (auto& x : a2) x = (float)u(rng);
+  for (auto& x : bm) x = (float)u(rng);
+  std::vector<float> rx(64 * 64, 0.f), ro(64 * 64, 0.f), rs(64 * 128, 0.f);
+  for (int m = 0; m < 64; ++m) {
+    for (int n = 0; n < 64; ++n)
+      for (int k = 0; k < 128; ++k) {
+        rx[m * 64 + n] += a1[m * 128 + k] * bm[n * 128 + k];
+        ro[m * 64 + n] += a1[m * 128 + k] * bm[(64 + n) * 128 + k];
+      }
+    for (int n = 0; n < 128; ++n)
+      for (int k = 0; k < 64; ++k) rs[m * 128 + n] += a2[m * 64 + k] * bm[k * 128 + n];
+  }
+  float *dA1, *dA2, *dB, *dX, *dO, *dS;
+  int* dran;
+  cudaMalloc(&dA1, a1.size() * 4);
+  cudaMalloc(&dA2, a2.size() * 4);
+  cudaMalloc(&dB, bm.size() * 4);
+  cudaMalloc(&dX, rx.size() * 4);
+  cudaMalloc(&dO, ro.size() * 4);
+  cudaMalloc(&dS, rs.size() * 4);
+  cudaMalloc(&dran, 4);
+  cudaMemcpy(dA1, a1.data(), a1.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dA2, a2.data(), a2.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dB, bm.data(), bm.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemset(dX, 0xff, rx.size() * 4);  // NaN poison
+  cudaMemset(dO, 0xff, ro.size() * 4);
+  cudaMemset(dS, 0xff, rs.size() * 4);
+  cudaMemset(dran, 0, 4);
+  wg_rs_forward<<<1, 128>>>(dA1, dA2, dB, dX, dO, dS, dran);
+  const cudaError_t err = cudaDeviceSynchronize();
+  std::vector<float> x(rx.size()), o(ro.size()), st(rs.size());
+  int ran = 0;
+  cudaMemcpy(x.data(), dX, x.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(o.data(), dO, o.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(st.data(), dS, st.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(&ran, dran, 4, cudaMemcpyDeviceToHost);
+  for (float* q : {dA1, dA2, dB, dX, dO, dS}) cudaFree(q);
+  cudaFree(dran);
+  int bx = 0, bo = 0, bs = 0;
+  for (size_t i = 0; i < x.size(); ++i) bx += x[i] != rx[i];
+  for (size_t i = 0; i < o.size(); ++i) bo += o[i] != ro[i];
+  for (size_t i = 0; i < st.size(); ++i) bs += st[i] != rs[i];
+  const bool ok = err == cudaSuccess && ran && bx == 0 && bo == 0 && bs == 0;
+  std::printf("%s forward RS forms, 128-byte swizzle: K-major X %d, O %d, MN-major S %d elements differ%s%s\n",
+              ok ? "ok  " : "FAIL", bx, bo, bs, ran ? "" : " (the sm_90a code path was not compiled)",
+              err == cudaSuccess ? "" : cudaGetErrorString(err));
+  return ok;
 }
 
 template <int NT, int R>
@@ -103,6 +211,7 @@ int main() {
     // aQ, aKs, aW: B = S0 or dS_C planes [128][32]; aPD, aT: B = Delta or v planes [64][32]
     ok &= run_case<4, 128>(rng);
     ok &= run_case<2, 64>(rng);
+    ok &= run_forward_case(rng);
   }
   std::printf("%s\n", ok ? "all wgmma products exact" : "wgmma test FAILED");
   return ok ? 0 : 1;
