@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -48,6 +49,33 @@ __global__ void wg_product(const float* A, const float* B, float* D, int* ran) {
     }
   if (threadIdx.x == 0) *ran = 1;
 #endif
+}
+
+// Host <-> device copies of float vectors (device buffers of the same size).
+float* to_device(const std::vector<float>& v) {
+  float* d = nullptr;
+  cudaMalloc(&d, v.size() * sizeof(float));
+  cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice);
+  return d;
+}
+std::vector<float> to_host_free(float* d, size_t n) {
+  std::vector<float> v(n);
+  cudaMemcpy(v.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  return v;
+}
+// The kernel's "ran" flag: 1 when its sm_90a code path was compiled and ran.
+int* ran_flag() {
+  int* d = nullptr;
+  cudaMalloc(&d, sizeof(int));
+  cudaMemset(d, 0, sizeof(int));
+  return d;
+}
+int read_flag_free(int* d) {
+  int r = 0;
+  cudaMemcpy(&r, d, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  return r;
 }
 
 // The forward's three uses of the RS form on one [2][128][64] region Bm (see the top).
@@ -115,32 +143,16 @@ bool run_forward_case(std::mt19937& rng) {
     for (int n = 0; n < 128; ++n)
       for (int k = 0; k < 64; ++k) rs[m * 128 + n] += a2[m * 64 + k] * bm[k * 128 + n];
   }
-  float *dA1, *dA2, *dB, *dX, *dO, *dS;
-  int* dran;
-  cudaMalloc(&dA1, a1.size() * 4);
-  cudaMalloc(&dA2, a2.size() * 4);
-  cudaMalloc(&dB, bm.size() * 4);
-  cudaMalloc(&dX, rx.size() * 4);
-  cudaMalloc(&dO, ro.size() * 4);
-  cudaMalloc(&dS, rs.size() * 4);
-  cudaMalloc(&dran, 4);
-  cudaMemcpy(dA1, a1.data(), a1.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(dA2, a2.data(), a2.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(dB, bm.data(), bm.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemset(dX, 0xff, rx.size() * 4);  // NaN poison
-  cudaMemset(dO, 0xff, ro.size() * 4);
-  cudaMemset(dS, 0xff, rs.size() * 4);
-  cudaMemset(dran, 0, 4);
+  const std::vector<float> poison_x(rx.size(), NAN), poison_s(rs.size(), NAN);
+  float *dA1 = to_device(a1), *dA2 = to_device(a2), *dB = to_device(bm);
+  float *dX = to_device(poison_x), *dO = to_device(poison_x), *dS = to_device(poison_s);
+  int* dran = ran_flag();
   wg_rs_forward<<<1, 128>>>(dA1, dA2, dB, dX, dO, dS, dran);
   const cudaError_t err = cudaDeviceSynchronize();
-  std::vector<float> x(rx.size()), o(ro.size()), st(rs.size());
-  int ran = 0;
-  cudaMemcpy(x.data(), dX, x.size() * 4, cudaMemcpyDeviceToHost);
-  cudaMemcpy(o.data(), dO, o.size() * 4, cudaMemcpyDeviceToHost);
-  cudaMemcpy(st.data(), dS, st.size() * 4, cudaMemcpyDeviceToHost);
-  cudaMemcpy(&ran, dran, 4, cudaMemcpyDeviceToHost);
-  for (float* q : {dA1, dA2, dB, dX, dO, dS}) cudaFree(q);
-  cudaFree(dran);
+  const std::vector<float> x = to_host_free(dX, rx.size()), o = to_host_free(dO, ro.size()),
+                           st = to_host_free(dS, rs.size());
+  const int ran = read_flag_free(dran);
+  for (float* q : {dA1, dA2, dB}) cudaFree(q);
   int bx = 0, bo = 0, bs = 0;
   for (size_t i = 0; i < x.size(); ++i) bx += x[i] != rx[i];
   for (size_t i = 0; i < o.size(); ++i) bo += o[i] != ro[i];
@@ -164,25 +176,14 @@ bool run_case(std::mt19937& rng) {
       for (int k = 0; k < KD; ++k) s += a[m * KD + k] * b[n * KD + k];
       ref[m * R + n] = s;
     }
-  float *dA, *dB, *dD;
-  int* dran;
-  cudaMalloc(&dA, a.size() * 4);
-  cudaMalloc(&dB, b.size() * 4);
-  cudaMalloc(&dD, d.size() * 4);
-  cudaMalloc(&dran, 4);
-  cudaMemcpy(dA, a.data(), a.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(dB, b.data(), b.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(dD, d.data(), d.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemset(dran, 0, 4);
+  float *dA = to_device(a), *dB = to_device(b), *dD = to_device(d);
+  int* dran = ran_flag();
   wg_product<NT, R><<<1, 512>>>(dA, dB, dD, dran);
   const cudaError_t err = cudaDeviceSynchronize();
-  int ran = 0;
-  cudaMemcpy(d.data(), dD, d.size() * 4, cudaMemcpyDeviceToHost);
-  cudaMemcpy(&ran, dran, 4, cudaMemcpyDeviceToHost);
+  d = to_host_free(dD, d.size());
+  const int ran = read_flag_free(dran);
   cudaFree(dA);
   cudaFree(dB);
-  cudaFree(dD);
-  cudaFree(dran);
   int bad = 0;
   for (int i = 0; i < M * R; ++i) bad += d[i] != ref[i];
   const bool ok = err == cudaSuccess && ran && bad == 0;
