@@ -4,6 +4,8 @@
 // their gradients from that description.
 #include "check.h"
 
+#include "text.h"
+
 #include <qrun/sdk/kernels.h>
 
 #include <ATen/ATen.h>
@@ -471,27 +473,47 @@ const char* reference_of(const std::string& kind) {
   return nullptr;
 }
 
-Config default_config(const RegistryEntry& e, const std::string& path) {
+using Settings = std::vector<std::pair<std::string, std::string>>;  // --set key=value, in order
+
+// The component's config: the schema defaults, with `settings` (scalar values spelled as in a
+// recipe, checked like one: parse_scalar) in their place. Throws UserError listing every bad
+// setting.
+Config check_config(const RegistryEntry& e, const std::string& path, const Settings& settings) {
   std::map<std::string, Value> v;
+  std::vector<std::string> names;
   for (const auto& f : e.info.schema.fields()) {
     QRUN_CHECK(!f.required, "{} '{}' has a required field '{}'; `qrun check` can only run "
                "components whose fields all have defaults", e.info.kind, e.info.name, f.name);
     v[f.name] = f.default_value;
+    names.push_back(f.name);
   }
+  std::vector<std::string> problems;
+  for (const auto& [key, text] : settings) {
+    const std::string label = fmt::format("--set {}={}", key, text);
+    const Field* f = e.info.schema.find(key);
+    if (f == nullptr) {
+      problems.push_back(fmt::format("{}: {} '{}' has no setting '{}'{}; allowed: {}", label, e.info.kind,
+                                     e.info.name, key, did_you_mean(key, names),
+                                     names.empty() ? "(none)" : join(names)));
+      continue;
+    }
+    if (f->type == FieldType::IntList || f->type == FieldType::FloatList || f->type == FieldType::StringList) {
+      problems.push_back(fmt::format("{}: '{}' is a {}; lists are set in a recipe", label, key, field_type_name(f->type)));
+      continue;
+    }
+    std::string why;
+    Value x = parse_scalar(*f, f->type, text, label, why);
+    if (why.empty()) v[key] = std::move(x);
+    else problems.push_back(why);
+  }
+  if (!problems.empty()) throw UserError(join(problems, "\n"));
   return Config(path, v);
 }
 
-// overrides: settings that replace the schema defaults (only those the schema has).
 std::unique_ptr<Component> create(const Registry& r, const std::string& kind, const std::string& name,
-                                  const std::map<std::string, Value>& overrides = {}) {
+                                  const Settings& settings = {}) {
   const RegistryEntry& e = r.get(kind, name);
-  Config cfg = default_config(e, "check." + kind);
-  if (!overrides.empty()) {
-    std::map<std::string, Value> v;
-    for (const auto& f : e.info.schema.fields())
-      v[f.name] = overrides.count(f.name) ? overrides.at(f.name) : f.default_value;
-    cfg = Config("check." + kind, v);
-  }
+  Config cfg = check_config(e, "check." + kind, settings);
   auto c = e.info.factory(cfg);
   QRUN_ASSERT(c != nullptr, "factory of {} '{}' returned null", kind, name);
   return c;
@@ -501,6 +523,7 @@ struct Options {
   std::string device;  // "", "cpu" or "cuda"
   std::string dtype;   // "", "Float" or "BFloat16" (c10 names)
   uint64_t seed = 1234;
+  Settings settings;   // for the backend(s) under test
 };
 
 bool check_one(const std::string& kind, const std::string& name, const Registry& registry,
@@ -522,8 +545,11 @@ bool check_one(const std::string& kind, const std::string& name, const Registry&
   }
   std::unique_ptr<Component> backend, ref;
   try {
-    backend = create(registry, kind, name);
+    backend = create(registry, kind, name, opts.settings);
     ref = create(registry, kind, ref_name);
+  } catch (const UserError& e) {
+    fmt::print("qrun check {}/{}: {}\n", kind, name, e.what());
+    return false;
   } catch (const std::exception& e) {
     fmt::print("qrun check {}/{}: cannot create the component: {}\n", kind, name, e.what());
     return false;
@@ -690,12 +716,24 @@ bool check_one(const std::string& kind, const std::string& name, const Registry&
 int run_check(const std::vector<std::string>& args, const Registry& registry) {
   const char* usage =
       "usage: qrun check <kind>/<name> [<kind>/<name> ...] [--device cpu|cuda] "
-      "[--dtype fp32|bf16] [--seed N|random]\n"
-      "  kinds: attention, linear_attention, conv1d, ops\n";
+      "[--dtype fp32|bf16] [--seed N|random] [--set key=value ...]\n"
+      "  kinds: attention, linear_attention, conv1d, ops\n"
+      "  --set: a setting of the backend(s) under test, as in a recipe (e.g. backward_operands=fp16)\n";
   Options opts;
   std::vector<std::string> names;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
+    if (a == "--set") {
+      const size_t eq = i + 1 < args.size() ? args[i + 1].find('=') : std::string::npos;
+      if (eq == std::string::npos || eq == 0) {
+        fmt::print("qrun check: --set needs key=value (a setting of the backend, e.g. "
+                   "backward_operands=fp16)\n{}", usage);
+        return 2;
+      }
+      const std::string& kv = args[++i];
+      opts.settings.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+      continue;
+    }
     if (a == "--device" || a == "--dtype" || a == "--seed") {
       if (i + 1 >= args.size()) {
         fmt::print("qrun check: {} needs a value\n{}", a, usage);

@@ -12,7 +12,9 @@
 // bf16-only kernel) is listed as unsupported with the backend's message, unless it was asked for
 // with --device/--dtype; a check in which no setting ran fails.
 // Options (anywhere among the arguments): --device cpu|cuda, --dtype fp32|bf16, --seed N|random
-// (default 1234; the seed is printed so a failure replays).
+// (default 1234; the seed is printed so a failure replays), --set key=value (repeatable: a scalar
+// setting of every backend under test, spelled and checked as in a recipe; the reference keeps
+// its defaults).
 #pragma once
 
 #include "registry.h"

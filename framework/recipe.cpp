@@ -208,34 +208,6 @@ std::string describe(const YAML::Node& n) {
   }
 }
 
-bool parse_int(const std::string& s, int64_t& out) {
-  if (s.empty()) return false;
-  errno = 0;
-  char* end = nullptr;
-  long long v = std::strtoll(s.c_str(), &end, 10);
-  if (errno != 0 || end != s.c_str() + s.size()) return false;
-  out = v;
-  return true;
-}
-
-bool parse_float(const std::string& s, double& out) {
-  if (s.empty()) return false;
-  std::string t = s;
-  if (t == ".inf" || t == "inf" || t == ".nan" || t == "nan") return false;
-  errno = 0;
-  char* end = nullptr;
-  double v = std::strtod(t.c_str(), &end);
-  if (errno != 0 || end != t.c_str() + t.size() || !std::isfinite(v)) return false;
-  out = v;
-  return true;
-}
-
-bool parse_bool(const std::string& s, bool& out) {
-  if (s == "true" || s == "True" || s == "TRUE") return out = true, true;
-  if (s == "false" || s == "False" || s == "FALSE") return out = false, true;
-  return false;
-}
-
 class Validator {
  public:
   Validator(std::string file, const Registry& registry,
@@ -407,22 +379,6 @@ class Validator {
     return f.type == FieldType::Enum ? join(f.choices, "|") : "";
   }
 
-  std::string range_text(const Field& f) const {
-    if (f.min_value && f.max_value) return fmt::format("[{}, {}]", *f.min_value, *f.max_value);
-    if (f.min_value) return fmt::format(">= {}", *f.min_value);
-    if (f.max_value) return fmt::format("<= {}", *f.max_value);
-    return "";
-  }
-
-  bool in_range(const Field& f, double x, const YAML::Node& n, const std::string& path,
-                const std::string& label) {
-    if ((f.min_value && x < *f.min_value) || (f.max_value && x > *f.max_value)) {
-      error(n, path, fmt::format("{}: {} is out of range; allowed: {}", label, n.Scalar(), range_text(f)));
-      return false;
-    }
-    return true;
-  }
-
   // Converts one scalar to the element type; reports a diagnostic and returns monostate on error.
   Value scalar(const Field& f, FieldType t, const YAML::Node& n, const std::string& path,
                const std::string& label) {
@@ -433,41 +389,10 @@ class Validator {
                                  describe(n)));
       return {};
     }
-    const std::string& s = n.Scalar();
-    switch (t) {
-      case FieldType::Bool: {
-        bool b;
-        if (parse_bool(s, b)) return b;
-        break;
-      }
-      case FieldType::Int: {
-        int64_t i;
-        if (parse_int(s, i)) return in_range(f, static_cast<double>(i), n, path, label) ? Value(i) : Value();
-        break;
-      }
-      case FieldType::Float: {
-        double d;
-        if (parse_float(s, d)) return in_range(f, d, n, path, label) ? Value(d) : Value();
-        break;
-      }
-      case FieldType::Enum: {
-        if (std::find(f.choices.begin(), f.choices.end(), s) != f.choices.end()) return s;
-        error(n, path, fmt::format("{}: '{}' is not allowed{}; allowed: {}", label, s,
-                                   did_you_mean(s, f.choices), join(f.choices, ", ")));
-        return {};
-      }
-      case FieldType::String:
-      case FieldType::Path:
-        if (s.empty() && t == FieldType::Path) {
-          error(n, path, fmt::format("{}: expected a path, got an empty string", label));
-          return {};
-        }
-        return s;
-      default:
-        break;
-    }
-    error(n, path, fmt::format("{}: expected {}, got '{}'", label, expected, s));
-    return {};
+    std::string why;
+    Value v = parse_scalar(f, t, n.Scalar(), label, why);
+    if (!why.empty()) error(n, path, why);
+    return v;
   }
 
   Value convert(const Field& f, const YAML::Node& n, const std::string& path,

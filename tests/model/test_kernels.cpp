@@ -139,4 +139,35 @@ TEST(ReferenceKernels, CheckFailsForLeakyBackend) {
   EXPECT_EQ(run_check({"conv1d/leaky"}, reg), 2);
 }
 
+// `qrun check --set key=value` reaches the backend under test, validated like a recipe section:
+// a conv whose setting `leak` makes it ignore sample boundaries passes by default and fails with
+// --set leak=true; bad settings stop with exit code 2.
+TEST(ReferenceKernels, CheckPassesSettingsToTheBackend) {
+  Registry reg;
+  load_plugin(reg, QRUN_TEST_REF_PLUGIN);
+  ComponentInfo info;
+  info.kind = Conv1d::kKind;
+  info.name = "maybe-leaky";
+  info.summary = "test: leaks across sample boundaries when asked to";
+  info.schema = Schema{Field::boolean("leak", false)};
+  info.factory = [&reg](const Config& c) -> std::unique_ptr<Component> {
+    if (c.get_bool("leak")) return std::make_unique<LeakyConv>();
+    return reg.create<Conv1d>("conv-reference", Config("k", {}));
+  };
+  auto origin = std::make_shared<PluginOrigin>();
+  origin->path = "<test>";
+  origin->name = "test";
+  reg.add(std::move(info), origin);
+  EXPECT_EQ(run_check({"conv1d/maybe-leaky", "--device", "cpu"}, reg), 0);
+  EXPECT_EQ(run_check({"conv1d/maybe-leaky", "--device", "cpu", "--set", "leak=false"}, reg), 0);
+  EXPECT_EQ(run_check({"conv1d/maybe-leaky", "--device", "cpu", "--set", "leak=true"}, reg), 2);
+  EXPECT_EQ(run_check({"conv1d/maybe-leaky", "--set", "leak=perhaps"}, reg), 2);  // not a bool
+  EXPECT_EQ(run_check({"conv1d/maybe-leaky", "--set", "leek=true"}, reg), 2);     // unknown key
+  EXPECT_EQ(run_check({"conv1d/maybe-leaky", "--set", "leak"}, reg), 2);          // no value
+  EXPECT_EQ(run_check({"conv1d/maybe-leaky", "--set"}, reg), 2);
+  EXPECT_EQ(run_check({"conv1d/maybe-leaky", "--set", "leak=[true]"}, reg), 2);   // a list
+  EXPECT_EQ(run_check({"linear_attention/gdn-reference", "--device", "cpu", "--set", "chunk_size=0"}, registry()),
+            2);  // out of range
+}
+
 }  // namespace
