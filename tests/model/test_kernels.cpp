@@ -2,11 +2,13 @@
 // gdn-reference (chunked) vs a token-loop recurrence of the gated delta rule (spec section 2.5),
 // conv-reference vs an explicit tap loop; packed == each sample alone == padded for every
 // reference kind (via `qrun check`, framework/check.cpp), and a deliberately leaky backend fails
-// the check.
+// the check, also when only a `qrun check --set` setting makes it leak.
 #include "check.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+
+#include <functional>
 
 #include <torch/csrc/autograd/autograd.h>
 
@@ -124,18 +126,26 @@ class LeakyConv final : public Conv1d {
   }
 };
 
-TEST(ReferenceKernels, CheckFailsForLeakyBackend) {
-  Registry reg;
-  load_plugin(reg, QRUN_TEST_REF_PLUGIN);
+// Registers a test conv1d backend beside the reference plugin's.
+void add_test_conv(Registry& reg, const std::string& name, const std::string& summary, Schema schema,
+                   std::function<std::unique_ptr<Component>(const Config&)> factory) {
   ComponentInfo info;
   info.kind = Conv1d::kKind;
-  info.name = "leaky";
-  info.summary = "test: ignores sample boundaries";
-  info.factory = [](const Config&) -> std::unique_ptr<Component> { return std::make_unique<LeakyConv>(); };
+  info.name = name;
+  info.summary = summary;
+  info.schema = std::move(schema);
+  info.factory = std::move(factory);
   auto origin = std::make_shared<PluginOrigin>();
   origin->path = "<test>";
   origin->name = "test";
   reg.add(std::move(info), origin);
+}
+
+TEST(ReferenceKernels, CheckFailsForLeakyBackend) {
+  Registry reg;
+  load_plugin(reg, QRUN_TEST_REF_PLUGIN);
+  add_test_conv(reg, "leaky", "test: ignores sample boundaries", Schema{},
+                [](const Config&) -> std::unique_ptr<Component> { return std::make_unique<LeakyConv>(); });
   EXPECT_EQ(run_check({"conv1d/leaky"}, reg), 2);
 }
 
@@ -145,19 +155,11 @@ TEST(ReferenceKernels, CheckFailsForLeakyBackend) {
 TEST(ReferenceKernels, CheckPassesSettingsToTheBackend) {
   Registry reg;
   load_plugin(reg, QRUN_TEST_REF_PLUGIN);
-  ComponentInfo info;
-  info.kind = Conv1d::kKind;
-  info.name = "maybe-leaky";
-  info.summary = "test: leaks across sample boundaries when asked to";
-  info.schema = Schema{Field::boolean("leak", false)};
-  info.factory = [&reg](const Config& c) -> std::unique_ptr<Component> {
-    if (c.get_bool("leak")) return std::make_unique<LeakyConv>();
-    return reg.create<Conv1d>("conv-reference", Config("k", {}));
-  };
-  auto origin = std::make_shared<PluginOrigin>();
-  origin->path = "<test>";
-  origin->name = "test";
-  reg.add(std::move(info), origin);
+  add_test_conv(reg, "maybe-leaky", "test: leaks across sample boundaries when asked to",
+                Schema{Field::boolean("leak", false)}, [&reg](const Config& c) -> std::unique_ptr<Component> {
+                  if (c.get_bool("leak")) return std::make_unique<LeakyConv>();
+                  return reg.create<Conv1d>("conv-reference", Config("k", {}));
+                });
   EXPECT_EQ(run_check({"conv1d/maybe-leaky", "--device", "cpu"}, reg), 0);
   EXPECT_EQ(run_check({"conv1d/maybe-leaky", "--device", "cpu", "--set", "leak=false"}, reg), 0);
   EXPECT_EQ(run_check({"conv1d/maybe-leaky", "--device", "cpu", "--set", "leak=true"}, reg), 2);
