@@ -621,8 +621,10 @@ bool check_one(const std::string& kind, const std::string& name, const Registry&
     }
     ++ran;
     const bool normwise = st.metric == Metric::BeyondStorageNormwise;
-    fmt::print("\nqrun check {}/{} vs {} on {}, seed {}, tolerance fwd {:.0e} grad {:.0e}{}\n", kind,
-               name, ref_name, where, opts.seed, st.tol.fwd, st.tol.bwd,
+    std::string with;  // the --set settings, as given
+    for (const auto& [k, v] : opts.settings) with += fmt::format("{}{}={}", with.empty() ? " with " : ", ", k, v);
+    fmt::print("\nqrun check {}/{}{} vs {} on {}, seed {}, tolerance fwd {:.0e} grad {:.0e}{}\n", kind,
+               name, with, ref_name, where, opts.seed, st.tol.fwd, st.tol.bwd,
                normwise ? "\n  error = norm-wise, beyond the bf16 storage rounding of the result "
                           "(raw norm-wise error beside it; framework/check.cpp Note [Error metrics])"
                         : ", error = max|got-ref|/max|ref|");
