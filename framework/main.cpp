@@ -32,7 +32,7 @@ const char* kUsage =
     "usage: qrun <recipe.yaml> [--set key.path=value ...] [--resume]\n"
     "       qrun validate <recipe.yaml> [--set key.path=value ...]\n"
     "       qrun eval <recipe.yaml> [--set key.path=value ...]\n"
-    "       qrun check <kind>/<name>              a backend against the reference of its kind\n"
+    "       qrun check <kind>/<name> [--set key=value ...]   a backend against its kind's reference\n"
     "       qrun tokenize --tokenizer DIR [--chat]   (text lines or JSONL conversations on stdin)\n"
     "       qrun data inspect <recipe.yaml> [-n N] [--set key.path=value ...]\n"
     "       qrun plugins list\n"
