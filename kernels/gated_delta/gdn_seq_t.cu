@@ -44,6 +44,19 @@
 #else
 #define GDN_FWD_WGMMA 0
 #endif
+// The backward's reverse pass on wgmma (the same products; an experiment, off by default:
+// -DQRUN_GDN_DH_WGMMA, written in session 17, not yet run on a GPU). GDN_DH_LAYOUT (host and
+// device) pads and aligns its buffers for the wgmma tiles; GDN_DH_WGMMA (device) runs the MMAs.
+#ifdef QRUN_GDN_DH_WGMMA
+#define GDN_DH_LAYOUT 1
+#else
+#define GDN_DH_LAYOUT 0
+#endif
+#if GDN_FWD_WGMMA && GDN_DH_LAYOUT
+#define GDN_DH_WGMMA 1
+#else
+#define GDN_DH_WGMMA 0
+#endif
 
 namespace qrun::gdn::detail {
 GDN_PH_DECL
@@ -76,9 +89,10 @@ struct TBuf {
 constexpr size_t buf_bytes(int kind) {
   // (gam_L padded to 128 bytes; the forward's buffers to 1024, the wgmma tiles' alignment)
   const size_t b = (size_t)((kind == kFwd ? 2 : 1) * kKQ + 2 * kPL + kVT) * 2 + (kNVec * C + 32) * sizeof(float);
-  return kind == kFwd ? (b + 1023) / 1024 * 1024 : b;
+  return kind == kFwd || GDN_DH_LAYOUT ? (b + 1023) / 1024 * 1024 : b;
 }
-constexpr int kCB = 2 * C * 64;  // the wgmma forward's K/Q column block: [128 rows][64] elements
+constexpr int kCB = 2 * C * 64;   // the wgmma forward's K/Q column block: [128 rows][64] elements
+constexpr int kCBd = C * 64;      // the wgmma reverse pass's K and q column block: [64 rows][64]
 static_assert(buf_bytes(kFwd) % 128 == 0 && buf_bytes(kDh) % 128 == 0,
               "buffers stay 128-byte aligned");
 constexpr size_t kTBufBytes = buf_bytes(kFwd);
@@ -114,15 +128,16 @@ __device__ __forceinline__ TBuf tbuf(unsigned char* base, int b) {
 }
 
 // cp.async copies of the chunk's fp16 copies of k (or q) and, with BOTH, also q (key head h) into
-// swizzled [64][128] tiles (WG: the rows of [128][64] column blocks kCB elements apart, see TBuf),
-// rows >= L zero-filled: 8 rows per pass, 16 pieces of 8 per row. The caller commits.
-template <bool BOTH, bool WG = false>
+// swizzled [64][128] tiles (CBS > 0: the rows of [rows][64] column blocks CBS elements apart, the
+// wgmma layout, see TBuf), rows >= L zero-filled: 8 rows per pass, 16 pieces of 8 per row. The
+// caller commits.
+template <bool BOTH, int CBS = 0>
 __device__ __forceinline__ void ld_h16(__nv_bfloat16* d0p, const void* s0, __nv_bfloat16* d1p, const void* s1,
                                        const KParams& p, int h, const ChunkGeo& g, int tid = threadIdx.x) {
   // (row offsets inside a chunk in 32 bits: 63 rows x H x 128 elements)
   const int r0 = tid >> 4, c8 = (tid & 15) * 8;
-  const int d0 = WG ? (c8 >> 6) * kCB + swz<64>(r0, c8 & 63) : swz<DK>(r0, c8);
-  constexpr int kRow = WG ? 64 : DK;  // elements between rows
+  const int d0 = CBS > 0 ? (c8 >> 6) * CBS + swz<64>(r0, c8 & 63) : swz<DK>(r0, c8);
+  constexpr int kRow = CBS > 0 ? 64 : DK;  // elements between rows
   const int rst = p.H * DK;  // row stride of the fp16 q/k copies
   const int64_t off = (g.t0 * p.H + h) * (int64_t)DK + c8;
   const __half* src0 = static_cast<const __half*>(s0) + off;
@@ -145,7 +160,8 @@ __device__ __forceinline__ void ld_h16(__nv_bfloat16* d0p, const void* s0, __nv_
 template <int KIND>
 __device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, int hv, int v0, const ChunkGeo& g,
                                        int tid = threadIdx.x) {
-  ld_h16<KIND == kFwd, KIND == kFwd && GDN_FWD_WGMMA>(b.K, p.kh, b.Q, p.qh, p, h, g, tid);
+  constexpr int kCBS = KIND == kFwd ? (GDN_FWD_WGMMA ? kCB : 0) : (GDN_DH_WGMMA ? kCBd : 0);
+  ld_h16<KIND == kFwd, kCBS>(b.K, p.kh, b.Q, p.qh, p, h, g, tid);
   const int r0 = tid >> 3, c8 = (tid & 7) * 8;  // T, P, v: 16 rows per pass, 8 pieces per row
   {
     const int d0 = swz<C>(r0, c8);
@@ -266,6 +282,22 @@ __device__ __forceinline__ void mma_rows_kn(float (&acc)[16][4], const uint32_t 
       mma_f16(acc[2 * np + 1], a[kk], bm[2], bm[3]);
     }
 }
+
+#if GDN_DH_WGMMA
+// mma_lower_kn and mma_rows_kn on wgmma: B = M stored [k][n] (rows k), MN-major through the
+// 128-byte swizzle, k16 step kk = rows 16kk.. (+2 KB); M a [64][64] plane (T, P) or a K / q tile of
+// two [64][64] column blocks (kCBd elements apart). The caller fences, commits and waits.
+__device__ __forceinline__ void mma_lower_kn_wg(float (&acc)[8][4], const uint32_t (&a)[4][4], const __nv_bfloat16* M) {
+  const uint64_t dM = wg::desc128_mn(M, kCBd * 2);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<8, 0, 1>(acc, a[kk], wg::desc_add(dM, 2048 * kk));
+}
+__device__ __forceinline__ void mma_rows_kn_wg(float (&acc)[16][4], const uint32_t (&a)[4][4], const __nv_bfloat16* M) {
+  const uint64_t dM = wg::desc128_mn(M, kCBd * 2);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<16, 0, 1>(acc, a[kk], wg::desc_add(dM, 2048 * kk));
+}
+#endif
 
 // A fragments (k-block kk = 16-column block of the chunk rows r) of a warp's transposed 16 x 64
 // accumulator tile X^T, as fp16 pairs of f(nn, e, x): n8 tiles 2kk and 2kk+1 are exactly the A
@@ -693,7 +725,12 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
 __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
   // let the dependent recompute launch now: it takes the SM room this grid leaves
   asm volatile("griddepcontrol.launch_dependents;");
-  extern __shared__ __align__(128) unsigned char smraw[];
+  extern __shared__ __align__(128) unsigned char smraw0[];
+#if GDN_DH_LAYOUT  // (the wgmma tiles' 128-byte swizzle works on absolute shared-memory addresses)
+  unsigned char* const smraw = smraw0 + ((1024u - (smem_u32(smraw0) & 1023u)) & 1023u);
+#else
+  unsigned char* const smraw = smraw0;
+#endif
   const SeqBlock sb = seq_block(p, blockIdx.x, kTNS);
   const int vs = sb.vs, hv = sb.hv, h = sb.h;
   const int64_t n = sb.n;
@@ -723,8 +760,11 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
     const int L = g.L;
     const TBuf b = tbuf<kDh>(smraw, (int)(c & 1));
     cp_async_wait<0>();
+#if GDN_DH_WGMMA
+    wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
+#endif
     __syncthreads();  // chunk c's operands landed; everyone is done with chunk c+1's buffer and q
-    ld_h16<false>(Qs, p.qh, nullptr, nullptr, p, h, g);
+    ld_h16<false, GDN_DH_WGMMA ? kCBd : 0>(Qs, p.qh, nullptr, nullptr, p, h, g);
     cp_async_commit();
     if (c > c_beg) t_load<kDh>(tbuf<kDh>(smraw, (int)((c - 1) & 1)), p, h, hv, v0, chunk_geo(c - 1, c_beg, bos, eos));
     cp_async_commit();
@@ -747,6 +787,28 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
         for (int e = 0; e < 4; ++e) m.add(st[nn][e]);
       sS = pow2_scale(m.warp_max());
     }
+#if GDN_DH_WGMMA
+    {  // (K-major B: column block kk / 4, k16 step kk % 4 inside the 128-byte rows)
+      uint32_t a[8][4];
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          a[kk][2 * u] = pack_h2(sS.mu * st[2 * kk + u][0], sS.mu * st[2 * kk + u][1]);
+          a[kk][2 * u + 1] = pack_h2(sS.mu * st[2 * kk + u][2], sS.mu * st[2 * kk + u][3]);
+        }
+      wg::pin(x);
+      wg::pin(a);
+      wg::fence();
+      const uint64_t dK = wg::desc128_k(b.K);
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        wg::mma_rs<8, 0, 0>(x, a[kk], wg::desc_add(dK, (kk >> 2) * kCBd * 2 + (kk & 3) * 32));
+      wg::commit();
+      wg::wait<0>();
+      wg::pin(x);
+    }
+#else
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       uint32_t a[4];
@@ -763,6 +825,7 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
         mma_f16(x[2 * np + 1], a, bk[2], bk[3]);
       }
     }
+#endif
     // dO^T: transposed ldmatrix gives its A fragments as bf16 pairs (rows j, k = chunk rows r);
     // Y^T = dO^T P (A = mu_O dO^T)
     uint32_t va[4][4];
@@ -786,7 +849,17 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
     pack_a16(oa, x, [&](int nn, int e, float) { return sO.mu * dO_at(nn, e); });
     float y[8][4];
     zero_acc(y);
+#if GDN_DH_WGMMA
+    wg::pin(y);
+    wg::pin(oa);
+    wg::fence();
+    mma_lower_kn_wg(y, oa, b.P);
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(y);
+#else
     mma_lower_kn(y, oa, b.P, lane);
+#endif
     // dDelta^T (rows >= L selected to 0), its planes, and its A fragments (mu_D)
     AbsMax mD;
 #pragma unroll
@@ -807,7 +880,17 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
     pack_a16(da, x, [&](int, int, float v) { return sD.mu * v; });
     // Z^T = -(dDelta^T T) diag(fx); dO'^T = s dO^T diag(fq); one scale mu_U for both
     zero_acc(y);
+#if GDN_DH_WGMMA
+    wg::pin(y);
+    wg::pin(da);
+    wg::fence();
+    mma_lower_kn_wg(y, da, b.T);
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(y);
+#else
     mma_lower_kn(y, da, b.T, lane);
+#endif
     // (dO' elements s fq_r dO: formed twice, for the scale and for the pack, instead of kept)
     const auto dO2_at = [&](int nn, int e) {
       const float2 fq = *reinterpret_cast<const float2*>(b.fq + 8 * nn + 2 * tq);
@@ -832,10 +915,26 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
     // dS^T <- e^{gam_L} dS^T + (dO'^T Q + Z^T K) / mu_U
     float u[16][4];
     zero_acc(u);
+#if GDN_DH_WGMMA
+    wg::pin(u);
+    wg::pin(za);
+    wg::pin(oa);
+    wg::fence();
+    mma_rows_kn_wg(u, za, b.K);
+    wg::commit();
+    cp_async_wait<1>();  // q of chunk c (the newer group, chunk c-1's operands, may be in flight)
+    wg::fence_smem();
+    __syncthreads();
+    mma_rows_kn_wg(u, oa, Qs);  // (the same accumulators, in issue order after the K group)
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(u);
+#else
     mma_rows_kn(u, za, b.K, lane);
     cp_async_wait<1>();  // q of chunk c (the newer group, chunk c-1's operands, may be in flight)
     __syncthreads();
     mma_rows_kn(u, oa, Qs, lane);
+#endif
     const float eg = expf(*b.gl);
 #pragma unroll
     for (int nn = 0; nn < 16; ++nn)
@@ -854,6 +953,8 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
 
 // bytes of dynamic shared memory of gdn_dh16t_kernel: two operand buffers, the q tile, the four
 // warps' staging areas
-size_t dh16t_smem_bytes() { return 2 * buf_bytes(kDh) + (size_t)kKQ * 2 + (size_t)kTW * kStageEl * 2; }
+size_t dh16t_smem_bytes() {
+  return 2 * buf_bytes(kDh) + (size_t)kKQ * 2 + (size_t)kTW * kStageEl * 2 + (GDN_DH_LAYOUT ? 1024 : 0);
+}
 
 }  // namespace qrun::gdn::detail
