@@ -226,6 +226,16 @@ __device__ __forceinline__ void mma_lower_t(float (&acc)[8][4], const uint32_t (
 #endif
 
 #if GDN_FWD_WGMMA
+// acc (16 x 64 per warp) += A M^T on wgmma, k = 128 (A: 8 k16 steps), M's 64 rows K-major in two
+// column blocks CBS elements apart (k16 step kk: column block kk / 4, +32 B per step inside it).
+// The caller fences and commits.
+template <int CBS>
+__device__ __forceinline__ void mma_rows_t_wg(float (&acc)[8][4], const uint32_t (&a)[8][4], const __nv_bfloat16* M) {
+  const uint64_t dM = wg::desc128_k(M);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) wg::mma_rs<8, 0, 0>(acc, a[kk], wg::desc_add(dM, (kk >> 2) * CBS * 2 + (kk & 3) * 32));
+}
+
 // acc (16 x 64 per warp) += A M^T on wgmma for a 64 x 64 fp16 plane M that is zero in every
 // 16 x 16 block above the diagonal (T, P), B = M through a K-major descriptor (k16 step kk: +32 B
 // in its rows). The zero blocks are multiplied too: skipping them (N = 64 - 16kk at tiles
@@ -298,6 +308,22 @@ __device__ __forceinline__ void mma_rows_kn_wg(float (&acc)[16][4], const uint32
   for (int kk = 0; kk < 4; ++kk) wg::mma_rs<16, 0, 1>(acc, a[kk], wg::desc_add(dM, 2048 * kk));
 }
 #endif
+
+// acc += A M by mma_lower_kn, or on sm_90a with -DQRUN_GDN_DH_WGMMA as one wgmma group that is
+// waited for here (the reverse pass uses each such product right away).
+__device__ __forceinline__ void lower_kn_now(float (&acc)[8][4], uint32_t (&a)[4][4], const __nv_bfloat16* M, int lane) {
+#if GDN_DH_WGMMA
+  wg::pin(acc);
+  wg::pin(a);
+  wg::fence();
+  mma_lower_kn_wg(acc, a, M);
+  wg::commit();
+  wg::wait<0>();
+  wg::pin(acc);
+#else
+  mma_lower_kn(acc, a, M, lane);
+#endif
+}
 
 // A fragments (k-block kk = 16-column block of the chunk rows r) of a warp's transposed 16 x 64
 // accumulator tile X^T, as fp16 pairs of f(nn, e, x): n8 tiles 2kk and 2kk+1 are exactly the A
@@ -476,7 +502,6 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
     zero_acc(o);
 #if GDN_FWD_WGMMA
     // (K-major B: column block kk / 4, k16 step kk % 4 inside the 128-byte rows; Q rows 64 on)
-    const uint64_t dK = wg::desc128_k(b.K), dQ = wg::desc128_k(b.Q);
     {
       uint32_t a[8][4];
 #pragma unroll
@@ -493,13 +518,9 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
       wg::pin(a);
       wg::fence();
       // two groups: Y needs X only, O1 finishes meanwhile
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk)
-        wg::mma_rs<8, 0, 0>(x, a[kk], wg::desc_add(dK, (kk >> 2) * kCB * 2 + (kk & 3) * 32));
+      mma_rows_t_wg<kCB>(x, a, b.K);
       wg::commit();
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk)
-        wg::mma_rs<8, 0, 0>(o, a[kk], wg::desc_add(dQ, (kk >> 2) * kCB * 2 + (kk & 3) * 32));
+      mma_rows_t_wg<kCB>(o, a, b.Q);
       wg::commit();
       wg::wait<1>();
       wg::pin(x);
@@ -800,10 +821,7 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
       wg::pin(x);
       wg::pin(a);
       wg::fence();
-      const uint64_t dK = wg::desc128_k(b.K);
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk)
-        wg::mma_rs<8, 0, 0>(x, a[kk], wg::desc_add(dK, (kk >> 2) * kCBd * 2 + (kk & 3) * 32));
+      mma_rows_t_wg<kCBd>(x, a, b.K);
       wg::commit();
       wg::wait<0>();
       wg::pin(x);
@@ -849,17 +867,7 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
     pack_a16(oa, x, [&](int nn, int e, float) { return sO.mu * dO_at(nn, e); });
     float y[8][4];
     zero_acc(y);
-#if GDN_DH_WGMMA
-    wg::pin(y);
-    wg::pin(oa);
-    wg::fence();
-    mma_lower_kn_wg(y, oa, b.P);
-    wg::commit();
-    wg::wait<0>();
-    wg::pin(y);
-#else
-    mma_lower_kn(y, oa, b.P, lane);
-#endif
+    lower_kn_now(y, oa, b.P, lane);
     // dDelta^T (rows >= L selected to 0), its planes, and its A fragments (mu_D)
     AbsMax mD;
 #pragma unroll
@@ -880,17 +888,7 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
     pack_a16(da, x, [&](int, int, float v) { return sD.mu * v; });
     // Z^T = -(dDelta^T T) diag(fx); dO'^T = s dO^T diag(fq); one scale mu_U for both
     zero_acc(y);
-#if GDN_DH_WGMMA
-    wg::pin(y);
-    wg::pin(da);
-    wg::fence();
-    mma_lower_kn_wg(y, da, b.T);
-    wg::commit();
-    wg::wait<0>();
-    wg::pin(y);
-#else
-    mma_lower_kn(y, da, b.T, lane);
-#endif
+    lower_kn_now(y, da, b.T, lane);
     // (dO' elements s fq_r dO: formed twice, for the scale and for the pack, instead of kept)
     const auto dO2_at = [&](int nn, int e) {
       const float2 fq = *reinterpret_cast<const float2*>(b.fq + 8 * nn + 2 * tq);
