@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "bpe_tokenizer.h"
@@ -119,6 +120,20 @@ TEST(TokenizerLoad, UnsupportedModelType) {
   EXPECT_EQ(load_error(j),
             "tokenizer file 't.json': unsupported model.type = \"WordPiece\"; qrun supports "
             "\"BPE\"");
+}
+
+// A largest id far beyond the token count would size the dense id tables by it (found by the
+// fuzzer: one id of 234,444,440 in a 300-token file asked for gigabytes).
+TEST(TokenizerLoad, SparseIds) {
+  json j = tiny(false);
+  const int64_t n = static_cast<int64_t>(j["model"]["vocab"].size() + j["added_tokens"].size());
+  j["model"]["vocab"]["ab"] = 234444440;
+  EXPECT_EQ(load_error(j), fmt::format("tokenizer file 't.json': token ids reach 234444440 for {} "
+                                       "tokens; ids must be dense (qrun allows at most 65536 unused "
+                                       "ids below the largest)", n));
+  j = tiny(false);
+  j["model"]["vocab"]["ab"] = n - 1 + 65535;  // the most unused ids allowed: loads
+  EXPECT_EQ(load_error(j), "(no error)");
 }
 
 TEST(TokenizerLoad, OtherUnsupportedFeatures) {

@@ -24,6 +24,9 @@ namespace qrun::tok {
 
 namespace {
 
+// Ids below the largest one that no token uses (see the id tables in the loader).
+constexpr int64_t kMaxUnusedIds = 65536;
+
 using json = nlohmann::json;
 
 // ----------------------------------------------------------------------------------------------
@@ -923,7 +926,16 @@ BpeTokenizer BpeTokenizer::from_json_string(std::string_view text, const std::st
                     "\"ByteLevel\"");
       }
     }
-    // ---- id tables
+    // ---- id tables: dense, indexed by id. Real vocabularies number their tokens densely (Qwen3:
+    // 151,669 tokens, largest id 151,668), so a largest id far beyond the token count is a broken
+    // (or hostile) file, and tables sized by it could take gigabytes: refuse it.
+    const int64_t n_tokens = static_cast<int64_t>(vocab.size() + added.size());
+    if (max_id >= n_tokens + kMaxUnusedIds) {
+      throw UserError(fmt::format(
+          "tokenizer file '{}': token ids reach {} for {} tokens; ids must be dense (qrun allows "
+          "at most {} unused ids below the largest)",
+          origin, max_id, n_tokens, kMaxUnusedIds));
+    }
     const size_t n_ids = static_cast<size_t>(max_id + 1);
     m.spelling.assign(n_ids, std::string());
     m.dec_bytes.assign(n_ids, std::string());
