@@ -23,6 +23,8 @@
 //   post_processor null | ByteLevel (only affects offsets in HF; no tokens added)
 //   decoder        ByteLevel
 //   added_tokens   single_word/lstrip/rstrip must be false
+//   ids            dense: at most 65,536 ids below the largest unused (the id tables are
+//                  indexed by id)
 //   truncation, padding must be null (qrun truncates and pads in its collators)
 //
 // Regex: the split pattern is compiled with PCRE2 (UTF + UCP, JIT, no match limit). HF uses
