@@ -44,10 +44,11 @@
 #else
 #define GDN_FWD_WGMMA 0
 #endif
-// The backward's reverse pass on wgmma (the same products; an experiment, off by default:
-// -DQRUN_GDN_DH_WGMMA, written in session 17, not yet run on a GPU). GDN_DH_LAYOUT (host and
-// device) pads and aligns its buffers for the wgmma tiles; GDN_DH_WGMMA (device) runs the MMAs.
-#ifdef QRUN_GDN_DH_WGMMA
+// The backward's reverse pass on wgmma (v39/v40, sm_90a): the same products, B read from shared
+// memory. -DQRUN_GDN_NO_DH_WGMMA keeps its mma.sync form (and the unpadded layout) on sm_90a.
+// GDN_DH_LAYOUT (host and device) pads and aligns its buffers for the wgmma tiles; GDN_DH_WGMMA
+// (device) runs the MMAs.
+#ifndef QRUN_GDN_NO_DH_WGMMA
 #define GDN_DH_LAYOUT 1
 #else
 #define GDN_DH_LAYOUT 0
@@ -265,6 +266,7 @@ __device__ __forceinline__ uint32_t pack_bf2(float x, float y) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+#if !GDN_DH_WGMMA
 // B (16 x 16 tiles, k-block kk, n-blocks np <= kk) of a 64 x 64 fp16 plane M stored [k][n] that is
 // zero in every 16 x 16 block above the diagonal (T, P): acc (16 x 64) += A M, A's k-block kk
 // meeting only M's blocks np <= kk of its row.
@@ -293,7 +295,7 @@ __device__ __forceinline__ void mma_rows_kn(float (&acc)[16][4], const uint32_t 
     }
 }
 
-#if GDN_DH_WGMMA
+#else
 // mma_lower_kn and mma_rows_kn on wgmma: B = M stored [k][n] (rows k), MN-major through the
 // 128-byte swizzle, k16 step kk = rows 16kk.. (+2 KB); M a [64][64] plane (T, P) or a K / q tile of
 // two [64][64] column blocks (kCBd elements apart). The caller fences, commits and waits.
@@ -308,22 +310,6 @@ __device__ __forceinline__ void mma_rows_kn_wg(float (&acc)[16][4], const uint32
   for (int kk = 0; kk < 4; ++kk) wg::mma_rs<16, 0, 1>(acc, a[kk], wg::desc_add(dM, 2048 * kk));
 }
 #endif
-
-// acc += A M by mma_lower_kn, or on sm_90a with -DQRUN_GDN_DH_WGMMA as one wgmma group that is
-// waited for here (the reverse pass uses each such product right away).
-__device__ __forceinline__ void lower_kn_now(float (&acc)[8][4], uint32_t (&a)[4][4], const __nv_bfloat16* M, int lane) {
-#if GDN_DH_WGMMA
-  wg::pin(acc);
-  wg::pin(a);
-  wg::fence();
-  mma_lower_kn_wg(acc, a, M);
-  wg::commit();
-  wg::wait<0>();
-  wg::pin(acc);
-#else
-  mma_lower_kn(acc, a, M, lane);
-#endif
-}
 
 // A fragments (k-block kk = 16-column block of the chunk rows r) of a warp's transposed 16 x 64
 // accumulator tile X^T, as fp16 pairs of f(nn, e, x): n8 tiles 2kk and 2kk+1 are exactly the A
@@ -794,11 +780,9 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
       const int r = tid >> 1;
       if (r < g1.L) prefetch_l2(static_cast<const __half*>(p.qh) + ((g1.t0 + r) * p.H + h) * (int64_t)DK + (tid & 1) * 64);
     }
-    store_planes_t<16>(p.dhs + slice_planes(c, p.HV, hv, vsl, DK), st, cw, lane, stage);  // dS leaving chunk c
-
-    // X^T = dS^T K^T (A = mu_S dS^T)
-    float x[8][4];
-    zero_acc(x);
+    // The step's first two products are independent: X^T = dS^T K^T (A = mu_S dS^T) and
+    // Y^T = dO^T P (A = mu_O dO^T). On wgmma they run as one group, and the dS planes leaving
+    // chunk c are stored while it is in flight (v40).
     Pow2 sS;
     {
       AbsMax m;
@@ -808,44 +792,7 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
         for (int e = 0; e < 4; ++e) m.add(st[nn][e]);
       sS = pow2_scale(m.warp_max());
     }
-#if GDN_DH_WGMMA
-    {  // (K-major B: column block kk / 4, k16 step kk % 4 inside the 128-byte rows)
-      uint32_t a[8][4];
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          a[kk][2 * u] = pack_h2(sS.mu * st[2 * kk + u][0], sS.mu * st[2 * kk + u][1]);
-          a[kk][2 * u + 1] = pack_h2(sS.mu * st[2 * kk + u][2], sS.mu * st[2 * kk + u][3]);
-        }
-      wg::pin(x);
-      wg::pin(a);
-      wg::fence();
-      mma_rows_t_wg<kCBd>(x, a, b.K);
-      wg::commit();
-      wg::wait<0>();
-      wg::pin(x);
-    }
-#else
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      uint32_t a[4];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        a[2 * u] = pack_h2(sS.mu * st[2 * kk + u][0], sS.mu * st[2 * kk + u][1]);
-        a[2 * u + 1] = pack_h2(sS.mu * st[2 * kk + u][2], sS.mu * st[2 * kk + u][3]);
-      }
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t bk[4];
-        ldsm_x4(bk, b.K + bn_off_sw<DK>(16 * kk, 16 * np, lane));
-        mma_f16(x[2 * np], a, bk[0], bk[1]);
-        mma_f16(x[2 * np + 1], a, bk[2], bk[3]);
-      }
-    }
-#endif
-    // dO^T: transposed ldmatrix gives its A fragments as bf16 pairs (rows j, k = chunk rows r);
-    // Y^T = dO^T P (A = mu_O dO^T)
+    // dO^T: transposed ldmatrix gives its A fragments as bf16 pairs (rows j, k = chunk rows r)
     uint32_t va[4][4];
     AbsMax mO;
 #pragma unroll
@@ -863,11 +810,54 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
       return (e & 1) ? bf_hi(w) : bf_lo(w);
     };
     const Pow2 sO = pow2_scale(mO.warp_max());
-    uint32_t oa[4][4];
-    pack_a16(oa, x, [&](int nn, int e, float) { return sO.mu * dO_at(nn, e); });
-    float y[8][4];
+    float x[8][4], y[8][4];
+    zero_acc(x);
     zero_acc(y);
-    lower_kn_now(y, oa, b.P, lane);
+    uint32_t oa[4][4];
+    pack_a16(oa, y, [&](int nn, int e, float) { return sO.mu * dO_at(nn, e); });
+    // (dS^T's k-block kk: n8 tiles 2kk, 2kk+1 of the state)
+    const auto pack_s = [&](uint32_t (&a)[4], int kk) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        a[2 * u] = pack_h2(sS.mu * st[2 * kk + u][0], sS.mu * st[2 * kk + u][1]);
+        a[2 * u + 1] = pack_h2(sS.mu * st[2 * kk + u][2], sS.mu * st[2 * kk + u][3]);
+      }
+    };
+    auto* const dhs_c = p.dhs + slice_planes(c, p.HV, hv, vsl, DK);  // dS leaving chunk c
+#if GDN_DH_WGMMA
+    store_planes_t<16>(dhs_c, st, cw, lane, stage);
+    {  // (X: K-major B, column block kk / 4, k16 step kk % 4 inside the 128-byte rows)
+      uint32_t a[8][4];
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) pack_s(a[kk], kk);
+      wg::pin(x);
+      wg::pin(y);
+      wg::pin(a);
+      wg::pin(oa);
+      wg::fence();
+      mma_rows_t_wg<kCBd>(x, a, b.K);
+      mma_lower_kn_wg(y, oa, b.P);
+      wg::commit();
+      wg::wait<0>();
+      wg::pin(x);
+      wg::pin(y);
+    }
+#else
+    store_planes_t<16>(dhs_c, st, cw, lane, stage);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      uint32_t a[4];
+      pack_s(a, kk);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t bk[4];
+        ldsm_x4(bk, b.K + bn_off_sw<DK>(16 * kk, 16 * np, lane));
+        mma_f16(x[2 * np], a, bk[0], bk[1]);
+        mma_f16(x[2 * np + 1], a, bk[2], bk[3]);
+      }
+    }
+    mma_lower_kn(y, oa, b.P, lane);
+#endif
     // dDelta^T (rows >= L selected to 0), its planes, and its A fragments (mu_D)
     AbsMax mD;
 #pragma unroll
@@ -882,13 +872,26 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
         mD.add(x[nn][e]);
       }
     }
-    store_planes_t<8>(p.dDl + slice_planes(c, p.HV, hv, vsl, C), x, cw, lane, stage);
     const Pow2 sD = pow2_scale(mD.warp_max());
     uint32_t da[4][4];
     pack_a16(da, x, [&](int, int, float v) { return sD.mu * v; });
-    // Z^T = -(dDelta^T T) diag(fx); dO'^T = s dO^T diag(fq); one scale mu_U for both
+    // Z^T = -(dDelta^T T) diag(fx) (the dDelta planes stored meanwhile); dO'^T = s dO^T diag(fq);
+    // one scale mu_U for both
     zero_acc(y);
-    lower_kn_now(y, da, b.T, lane);
+    auto* const dDl_c = p.dDl + slice_planes(c, p.HV, hv, vsl, C);
+#if GDN_DH_WGMMA
+    wg::pin(y);
+    wg::pin(da);
+    wg::fence();
+    mma_lower_kn_wg(y, da, b.T);
+    wg::commit();
+    store_planes_t<8>(dDl_c, x, cw, lane, stage);
+    wg::wait<0>();
+    wg::pin(y);
+#else
+    store_planes_t<8>(dDl_c, x, cw, lane, stage);
+    mma_lower_kn(y, da, b.T, lane);
+#endif
     // (dO' elements s fq_r dO: formed twice, for the scale and for the pack, instead of kept)
     const auto dO2_at = [&](int nn, int e) {
       const float2 fq = *reinterpret_cast<const float2*>(b.fq + 8 * nn + 2 * tq);
