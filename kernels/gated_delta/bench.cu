@@ -225,6 +225,14 @@ int main(int argc, char** argv) {
       print_phases("dh", c, 8, 15);
       gdn_debug_phases_bwd(c);
       print_phases("bwd_chunk", c, 0, 15);
+      // the fp16 reverse pass (gdn_dh16t_kernel: clocks 8-15 of the seqt set), whichever path auto takes
+      p.backward_path = GdnProblem::BwdPath::Fp16;
+      gdn_debug_phases_seqt(nullptr);
+      gdn_backward(p, io, ws, wsb, nullptr);
+      CK(cudaDeviceSynchronize());
+      p.backward_path = GdnProblem::BwdPath::Auto;
+      gdn_debug_phases_seqt(c);
+      print_phases("dh16t", c, 8, 16);
     }
 #endif
     const double th = (double)T * HV;

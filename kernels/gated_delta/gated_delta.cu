@@ -29,8 +29,10 @@ int seq_t_slices();
 __global__ void gdn_state_dh_kernel(KParams p, int64_t nstate);
 __global__ void gdn_dh16t_kernel(KParams p);
 size_t dh16t_smem_bytes();
+int dh16t_threads();
 __global__ void gdn_bwd_chunk_kernel(KParams p);
 size_t seq_smem_bytes();
+size_t seq_smem_bytes_noq();
 size_t prep_smem_bytes();
 size_t bwd_smem_bytes();
 __global__ void gdn_param_reduce_kernel(KParams p);
@@ -381,13 +383,13 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     launch_common_fwd(k, p, s, pr, kPrepB16);
     if (p.num_seqs > 0) {
       set_smem(gdn_dh16t_kernel, dh16t_smem_bytes(), 8);
-      gdn_dh16t_kernel<<<grid1d(p.num_seqs * p.HV * seq_t_slices(), "dh"), 128, dh16t_smem_bytes(), s>>>(k);
+      gdn_dh16t_kernel<<<grid1d(p.num_seqs * p.HV * seq_t_slices(), "dh"), dh16t_threads(), dh16t_smem_bytes(), s>>>(k);
       check_launch("gdn_dh16t_kernel");
       set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(grid1d(p.num_seqs * p.HV * NVS, "state"));
       cfg.blockDim = dim3(256);
-      cfg.dynamicSmemBytes = seq_smem_bytes();
+      cfg.dynamicSmemBytes = seq_smem_bytes_noq();  // (mode 2 leaves the q tile out)
       cfg.stream = s;
       cudaLaunchAttribute attr{};
       attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;

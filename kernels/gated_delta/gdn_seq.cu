@@ -40,8 +40,7 @@ __device__ __forceinline__ SeqSmem seq_smem(void* base) {
   SeqSmem s;
   __nv_bfloat16* b = static_cast<__nv_bfloat16*>(base);
   s.Kb = b;                 // [64][128] swizzled, raw k
-  s.Qb = s.Kb + KQ_EL;      // raw q
-  s.Tp = s.Qb + KQ_EL;      // [2][64][64] swizzled
+  s.Tp = s.Kb + KQ_EL;      // [2][64][64] swizzled
   s.Pp = s.Tp + 2 * TP_EL;  // [2][64][64] swizzled
   s.Xb = s.Pp + 2 * TP_EL;  // [64][LDS] raw v (fwd) or dO (bwd) slice
   s.Sp = s.Xb + CP_EL;      // [2][128][LDS] state planes
@@ -53,6 +52,10 @@ __device__ __forceinline__ SeqSmem seq_smem(void* base) {
   s.rsK = f + 4 * C;
   s.rsQ = f + 6 * C;
   s.dec = f + 8 * C;
+  // raw q, last: the h recompute (state_body without o) never touches it and is launched without
+  // it (seq_smem_bytes_noq), which leaves room for the reverse pass's double-buffered q tile beside
+  // it on the SM
+  s.Qb = reinterpret_cast<__nv_bfloat16*>(f + 9 * C);
   return s;
 }
 
@@ -62,6 +65,9 @@ __device__ __forceinline__ SeqSmem seq_smem(void* base) {
 size_t seq_smem_bytes() {
   return (2 * KQ_EL + 4 * TP_EL + CP_EL + 2 * SP_EL + 4 * CP_EL) * 2 + 9 * C * sizeof(float);
 }
+static_assert(9 * C * sizeof(float) % 128 == 0, "the q tile after the row vectors stays 128-byte aligned");
+// (state_body without o: the layout up to the q tile)
+size_t seq_smem_bytes_noq() { return seq_smem_bytes() - (size_t)KQ_EL * 2; }
 
 // Piecewise chunk loads (cp.async where alignment allows, zero-filled rows >= L), so that each
 // shared buffer is refilled for the next chunk as soon as its last reader is done. Completion:

@@ -48,7 +48,7 @@
 // memory. -DQRUN_GDN_NO_DH_WGMMA keeps its mma.sync form (and the unpadded layout) on sm_90a.
 // GDN_DH_LAYOUT (host and device) pads and aligns its buffers for the wgmma tiles; GDN_DH_WGMMA
 // (device) runs the MMAs.
-#ifndef QRUN_GDN_NO_DH_WGMMA
+#if !defined(QRUN_GDN_NO_DH_WGMMA) && !defined(QRUN_GDN_NO_WGMMA)
 #define GDN_DH_LAYOUT 1
 #else
 #define GDN_DH_LAYOUT 0
@@ -79,17 +79,17 @@ constexpr int kNVec = 4;            // row vectors: beta, fx, fq, dec ([64] floa
 enum { kFwd = 0, kDh = 1 };
 
 // One chunk's shared operands (a buffer; two of them alternate by chunk parity). Per kind:
-// kFwd K, Q, T, P, v; kDh K, T, P, dO (in V's place; its q tile is single-buffered after the two
-// buffers, see gdn_dh16t_kernel). Absent members are null. K and Q are swizzled [64][128] tiles,
-// except in the wgmma forward: there they share two [128][64] column blocks (K rows 0-63, Q rows
-// 64-127; the 128-byte swizzle of gdn_wgmma.cuh), so that each block is one wgmma B operand.
+// kFwd K, Q, T, P, v; kDh K, Q, T, P, dO (in V's place). K and Q are swizzled [64][128] tiles,
+// except on wgmma: in the forward they share two [128][64] column blocks (K rows 0-63, Q rows
+// 64-127; the 128-byte swizzle of gdn_wgmma.cuh), so that each block is one wgmma B operand; in
+// the reverse pass each is two [64][64] column blocks (kCBd elements apart).
 struct TBuf {
   __nv_bfloat16 *K, *Q, *T, *P, *V;  // K, Q, T, P: fp16 bits; V: raw bf16
   float *fb, *fx, *fq, *dec, *gl;
 };
 constexpr size_t buf_bytes(int kind) {
   // (gam_L padded to 128 bytes; the forward's buffers to 1024, the wgmma tiles' alignment)
-  const size_t b = (size_t)((kind == kFwd ? 2 : 1) * kKQ + 2 * kPL + kVT) * 2 + (kNVec * C + 32) * sizeof(float);
+  const size_t b = (size_t)(2 * kKQ + 2 * kPL + kVT) * 2 + (kNVec * C + 32) * sizeof(float);
   return kind == kFwd || GDN_DH_LAYOUT ? (b + 1023) / 1024 * 1024 : b;
 }
 constexpr int kCB = 2 * C * 64;   // the wgmma forward's K/Q column block: [128 rows][64] elements
@@ -112,8 +112,8 @@ __device__ __forceinline__ TBuf tbuf(unsigned char* base, int b) {
   __nv_bfloat16* e = reinterpret_cast<__nv_bfloat16*>(base + b * buf_bytes(KIND));
   t.K = e;
   e += kKQ;
-  t.Q = KIND == kFwd ? (GDN_FWD_WGMMA ? t.K + C * 64 : e) : nullptr;
-  e += KIND == kFwd ? kKQ : 0;
+  t.Q = KIND == kFwd && GDN_FWD_WGMMA ? t.K + C * 64 : e;
+  e += kKQ;
   t.T = e;
   e += kPL;
   t.P = e;
@@ -162,7 +162,7 @@ template <int KIND>
 __device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, int hv, int v0, const ChunkGeo& g,
                                        int tid = threadIdx.x) {
   constexpr int kCBS = KIND == kFwd ? (GDN_FWD_WGMMA ? kCB : 0) : (GDN_DH_WGMMA ? kCBd : 0);
-  ld_h16<KIND == kFwd, kCBS>(b.K, p.kh, b.Q, p.qh, p, h, g, tid);
+  ld_h16<true, kCBS>(b.K, p.kh, b.Q, p.qh, p, h, g, tid);
   const int r0 = tid >> 3, c8 = (tid & 7) * 8;  // T, P, v: 16 rows per pass, 8 pieces per row
   {
     const int d0 = swz<C>(r0, c8);
@@ -714,6 +714,22 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
   }
 }
 
+// An experiment, off by default (-DQRUN_GDN_DH_PRODUCERS; wgmma layout only): a producer warpgroup
+// (warps 4-7) that issues the chunk copies, which cost the compute warps about a fifth of each
+// step (phase clocks, session 18). The block stays at 128 registers per thread, so that it still
+// fits beside a block of the recompute: the producers give registers back (setmaxnreg) and the
+// compute warpgroup takes them. Measured slower (v42/v43a-b: backward 4x2048 2.43-2.46 against
+// 2.29 ms): the compute warps then wait at the step's barrier for the producers, which spill at 24
+// or 40 registers, instead of issuing the copies themselves.
+#if defined(QRUN_GDN_DH_PRODUCERS) && GDN_DH_LAYOUT
+constexpr bool kDhProducers = true;
+#else
+constexpr bool kDhProducers = false;
+#endif
+constexpr int kDhThreads = kDhProducers ? 2 * kTThreads : kTThreads;
+constexpr int kDhProdRegs = 24, kDhCompRegs = 232;
+static_assert(kDhProdRegs + kDhCompRegs == 2 * 128, "the block's 128 registers per thread, redistributed");
+
 // The backward's reverse pass with the gradient state in registers (the transposed layout of
 // gdn_state16t_kernel; dh_body in gdn_seq.cu is the bf16x2 form and has the derivation). dS^T: rows j
 // (the warp's 16 value columns), k = 128 columns. Per chunk, last to first:
@@ -724,14 +740,20 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
 // Every product's A operand (dS^T, dO^T, dDelta^T, and Z^T with dO'^T) is scaled by a power of two
 // chosen from its warp's largest magnitude right before it is packed to fp16 (pow2_scale), and the
 // fp32 result unscaled: gradients have no fixed range, so this needs no guard and no fallback.
-// The B operands (fp16 K, Q, T, P from prep) are range-checked by prep. K, T, P, dO and the row
-// factors are double-buffered; the q tile (read last in the step) is single-buffered and loaded
-// at the top of the step, which leaves room for two blocks per SM, or for one beside a block of
-// the bf16x2 state recompute (gdn_state_kernel, launched right after this kernel as its
-// programmatic dependent: the two passes are independent, see gdn_backward).
-__global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
+// The B operands (fp16 K, Q, T, P from prep) are range-checked by prep. K, Q, T, P, dO and the
+// row factors are double-buffered, so a step has one barrier (v43; until v42 the q tile was
+// single-buffered and waited for in the middle of the step; backward on fp16 operands 2.64 -> 2.57 ms
+// at 1x8192, 2.31 -> 2.29 at 4x2048, session 18). The block (127 KB)
+// runs beside a block of the bf16x2 state recompute (gdn_state_kernel, launched right after this
+// kernel as its programmatic dependent: the two passes are independent, see gdn_backward), which
+// leaves out its unused q tile for that.
+__global__ void __launch_bounds__(kDhThreads, 2) gdn_dh16t_kernel(KParams p) {
   // let the dependent recompute launch now: it takes the SM room this grid leaves
   asm volatile("griddepcontrol.launch_dependents;");
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const bool producer = kDhProducers && tid >= kTThreads;  // (warp-uniform)
+  const int ptid = producer ? tid - kTThreads : tid;       // the copying thread's index
+  GDN_PH_START  // (phase clocks 8-15 of gdn_debug_phases_seqt)
   extern __shared__ __align__(128) unsigned char smraw0[];
 #if GDN_DH_LAYOUT  // (the wgmma tiles' 128-byte swizzle works on absolute shared-memory addresses)
   unsigned char* const smraw = smraw0 + ((1024u - (smem_u32(smraw0) & 1023u)) & 1023u);
@@ -741,14 +763,48 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
   const SeqBlock sb = seq_block(p, blockIdx.x, kTNS);
   const int vs = sb.vs, hv = sb.hv, h = sb.h;
   const int64_t n = sb.n;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int v0 = vs * kTV, j0 = 16 * warp;
-  __nv_bfloat16* const Qs = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * buf_bytes(kDh));
-  __nv_bfloat16* const stage = Qs + kKQ + warp * kStageEl;
+  const int64_t bos = p.cu[n], eos = p.cu[n + 1];
+  const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
+  // the step's barrier: with producers the roles reach it from different code, so the
+  // non-.aligned form (a __syncthreads there would be undefined)
+  const auto sync = [] {
+    if constexpr (kDhProducers) asm volatile("barrier.sync 0;\n" ::: "memory");
+    else __syncthreads();
+  };
+  // step c's copies: chunk c-1's operands, into the other buffer
+  const auto copies = [&](int64_t c) {
+    if (c > c_beg) t_load<kDh>(tbuf<kDh>(smraw, (int)((c - 1) & 1)), p, h, hv, v0, chunk_geo(c - 1, c_beg, bos, eos), ptid);
+    cp_async_commit();
+  };
+  const auto first_copies = [&] {  // chunk c_end-1's operands
+    if (c_beg < c_end) t_load<kDh>(tbuf<kDh>(smraw, (int)((c_end - 1) & 1)), p, h, hv, v0, chunk_geo(c_end - 1, c_beg, bos, eos), ptid);
+    cp_async_commit();
+  };
+  if (producer) {  // the producers' loop: the copies, and the barrier of each step
+#if GDN_DH_WGMMA
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kDhProdRegs));
+#endif
+    first_copies();
+    for (int64_t c = c_end - 1; c >= c_beg; --c) {
+      cp_async_wait<0>();
+#if GDN_DH_WGMMA
+      wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
+#endif
+      sync();  // chunk c's operands landed; everyone is done with chunk c+1's buffer
+      copies(c);
+    }
+    cp_async_wait<0>();
+    return;
+  }
+#if GDN_DH_WGMMA
+  if (kDhProducers) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kDhCompRegs));
+#endif
+  if (!kDhProducers) first_copies();
+  __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * buf_bytes(kDh)) + warp * kStageEl;
   const int64_t KV = (int64_t)DK * DV;
   int vsl, cw;
   bwd_slice(v0, j0, vsl, cw);
-
   float st[16][4];  // dS^T, lane element (nn, e): j = gq + 8 (e >> 1), i = 8 nn + 2 tq + (e & 1)
   {
     const float* dht = p.dht ? p.dht + (n * p.HV + hv) * KV + v0 + j0 : nullptr;
@@ -758,28 +814,20 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
       for (int e = 0; e < 4; ++e)
         st[nn][e] = dht ? dht[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] : 0.f;
   }
-  const int64_t bos = p.cu[n], eos = p.cu[n + 1];
-  const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  if (c_beg < c_end) t_load<kDh>(tbuf<kDh>(smraw, (int)((c_end - 1) & 1)), p, h, hv, v0, chunk_geo(c_end - 1, c_beg, bos, eos));
-  cp_async_commit();
   for (int64_t c = c_end - 1; c >= c_beg; --c) {
     const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
     const int L = g.L;
     const TBuf b = tbuf<kDh>(smraw, (int)(c & 1));
-    cp_async_wait<0>();
+    if (!kDhProducers) {
+      cp_async_wait<0>();
 #if GDN_DH_WGMMA
-    wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
+      wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
 #endif
-    __syncthreads();  // chunk c's operands landed; everyone is done with chunk c+1's buffer and q
-    ld_h16<false, GDN_DH_WGMMA ? kCBd : 0>(Qs, p.qh, nullptr, nullptr, p, h, g);
-    cp_async_commit();
-    if (c > c_beg) t_load<kDh>(tbuf<kDh>(smraw, (int)((c - 1) & 1)), p, h, hv, v0, chunk_geo(c - 1, c_beg, bos, eos));
-    cp_async_commit();
-    if (c > c_beg) {  // L2 prefetch of the q rows the next step loads at its top (two lines a row)
-      const ChunkGeo g1 = chunk_geo(c - 1, c_beg, bos, eos);
-      const int r = tid >> 1;
-      if (r < g1.L) prefetch_l2(static_cast<const __half*>(p.qh) + ((g1.t0 + r) * p.H + h) * (int64_t)DK + (tid & 1) * 64);
     }
+    sync();  // chunk c's operands landed; everyone is done with chunk c+1's buffer
+    GDN_PH(15);
+    if (!kDhProducers) copies(c);
+    GDN_PH(8);
     // The step's first two products are independent: X^T = dS^T K^T (A = mu_S dS^T) and
     // Y^T = dO^T P (A = mu_O dO^T). On wgmma they run as one group, and the dS planes leaving
     // chunk c are stored while it is in flight (v40).
@@ -824,6 +872,7 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
       }
     };
     auto* const dhs_c = p.dhs + slice_planes(c, p.HV, hv, vsl, DK);  // dS leaving chunk c
+    GDN_PH(9);
 #if GDN_DH_WGMMA
     store_planes_t<16>(dhs_c, st, cw, lane, stage);
     {  // (X: K-major B, column block kk / 4, k16 step kk % 4 inside the 128-byte rows)
@@ -858,6 +907,7 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
     }
     mma_lower_kn(y, oa, b.P, lane);
 #endif
+    GDN_PH(10);
     // dDelta^T (rows >= L selected to 0), its planes, and its A fragments (mu_D)
     AbsMax mD;
 #pragma unroll
@@ -875,6 +925,7 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
     const Pow2 sD = pow2_scale(mD.warp_max());
     uint32_t da[4][4];
     pack_a16(da, x, [&](int, int, float v) { return sD.mu * v; });
+    GDN_PH(11);
     // Z^T = -(dDelta^T T) diag(fx) (the dDelta planes stored meanwhile); dO'^T = s dO^T diag(fq);
     // one scale mu_U for both
     zero_acc(y);
@@ -892,6 +943,7 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
     store_planes_t<8>(dDl_c, x, cw, lane, stage);
     mma_lower_kn(y, da, b.T, lane);
 #endif
+    GDN_PH(12);
     // (dO' elements s fq_r dO: formed twice, for the scale and for the pack, instead of kept)
     const auto dO2_at = [&](int nn, int e) {
       const float2 fq = *reinterpret_cast<const float2*>(b.fq + 8 * nn + 2 * tq);
@@ -922,25 +974,21 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
     wg::pin(oa);
     wg::fence();
     mma_rows_kn_wg(u, za, b.K);
+    mma_rows_kn_wg(u, oa, b.Q);
     wg::commit();
-    cp_async_wait<1>();  // q of chunk c (the newer group, chunk c-1's operands, may be in flight)
-    wg::fence_smem();
-    __syncthreads();
-    mma_rows_kn_wg(u, oa, Qs);  // (the same accumulators, in issue order after the K group)
-    wg::commit();
+    GDN_PH(13);
     wg::wait<0>();
     wg::pin(u);
 #else
     mma_rows_kn(u, za, b.K, lane);
-    cp_async_wait<1>();  // q of chunk c (the newer group, chunk c-1's operands, may be in flight)
-    __syncthreads();
-    mma_rows_kn(u, oa, Qs, lane);
+    mma_rows_kn(u, oa, b.Q, lane);
 #endif
     const float eg = expf(*b.gl);
 #pragma unroll
     for (int nn = 0; nn < 16; ++nn)
 #pragma unroll
       for (int e = 0; e < 4; ++e) st[nn][e] = eg * st[nn][e] + sU.inv * u[nn][e];
+    GDN_PH(14);
   }
   cp_async_wait<0>();
   if (p.dh0) {
@@ -952,10 +1000,12 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_dh16t_kernel(KParams p) {
   }
 }
 
-// bytes of dynamic shared memory of gdn_dh16t_kernel: two operand buffers, the q tile, the four
-// warps' staging areas
+int dh16t_threads() { return kDhThreads; }
+
+// bytes of dynamic shared memory of gdn_dh16t_kernel: two operand buffers, the four compute warps'
+// staging areas
 size_t dh16t_smem_bytes() {
-  return 2 * buf_bytes(kDh) + (size_t)kKQ * 2 + (size_t)kTW * kStageEl * 2 + (GDN_DH_LAYOUT ? 1024 : 0);
+  return 2 * buf_bytes(kDh) + (size_t)kTW * kStageEl * 2 + (GDN_DH_LAYOUT ? 1024 : 0);
 }
 
 }  // namespace qrun::gdn::detail
