@@ -30,6 +30,8 @@ __global__ void gdn_state_dh_kernel(KParams p, int64_t nstate);
 __global__ void gdn_dh16t_kernel(KParams p);
 size_t dh16t_smem_bytes();
 int dh16t_threads();
+__global__ void gdn_rec16t_kernel(KParams p);
+size_t rec16t_smem_bytes();
 __global__ void gdn_bwd_chunk_kernel(KParams p);
 size_t seq_smem_bytes();
 size_t seq_smem_bytes_noq();
@@ -385,18 +387,26 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
       set_smem(gdn_dh16t_kernel, dh16t_smem_bytes(), 8);
       gdn_dh16t_kernel<<<grid1d(p.num_seqs * p.HV * seq_t_slices(), "dh"), dh16t_threads(), dh16t_smem_bytes(), s>>>(k);
       check_launch("gdn_dh16t_kernel");
-      set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
       cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(grid1d(p.num_seqs * p.HV * NVS, "state"));
-      cfg.blockDim = dim3(256);
-      cfg.dynamicSmemBytes = seq_smem_bytes_noq();  // (mode 2 leaves the q tile out)
       cfg.stream = s;
       cudaLaunchAttribute attr{};
       attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
       attr.val.programmaticStreamSerializationAllowed = 1;
       cfg.attrs = &attr;
       cfg.numAttrs = 1;
+#ifdef QRUN_GDN_REC_T  // (an experiment, sm_90a only: the recompute in the register-state form, v44)
+      set_smem(gdn_rec16t_kernel, rec16t_smem_bytes(), 9);
+      cfg.gridDim = dim3(grid1d(p.num_seqs * p.HV * seq_t_slices(), "state"));
+      cfg.blockDim = dim3(128);
+      cfg.dynamicSmemBytes = rec16t_smem_bytes();
+      check_cuda(cudaLaunchKernelEx(&cfg, gdn_rec16t_kernel, k), "gdn_rec16t_kernel (recompute)");
+#else
+      set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
+      cfg.gridDim = dim3(grid1d(p.num_seqs * p.HV * NVS, "state"));
+      cfg.blockDim = dim3(256);
+      cfg.dynamicSmemBytes = seq_smem_bytes_noq();  // (mode 2 leaves the q tile out)
       check_cuda(cudaLaunchKernelEx(&cfg, gdn_state_kernel, k, 2), "gdn_state_kernel (recompute)");
+#endif
       pr.mark("dh (fp16) + state(recompute h)");
     }
     k.run_if = k.f16_bad;

@@ -230,11 +230,12 @@ __device__ __forceinline__ void mma_lower_t(float (&acc)[8][4], const uint32_t (
 // acc (16 x 64 per warp) += A M^T on wgmma, k = 128 (A: 8 k16 steps), M's 64 rows K-major in two
 // column blocks CBS elements apart (k16 step kk: column block kk / 4, +32 B per step inside it).
 // The caller fences and commits.
-template <int CBS>
+// (BF: bf16 A and M, else fp16; likewise below)
+template <int CBS, bool BF = false>
 __device__ __forceinline__ void mma_rows_t_wg(float (&acc)[8][4], const uint32_t (&a)[8][4], const __nv_bfloat16* M) {
   const uint64_t dM = wg::desc128_k(M);
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk) wg::mma_rs<8, 0, 0>(acc, a[kk], wg::desc_add(dM, (kk >> 2) * CBS * 2 + (kk & 3) * 32));
+  for (int kk = 0; kk < 8; ++kk) wg::mma_rs<8, 0, 0, BF>(acc, a[kk], wg::desc_add(dM, (kk >> 2) * CBS * 2 + (kk & 3) * 32));
 }
 
 // acc (16 x 64 per warp) += A M^T on wgmma for a 64 x 64 fp16 plane M that is zero in every
@@ -242,10 +243,11 @@ __device__ __forceinline__ void mma_rows_t_wg(float (&acc)[8][4], const uint32_t
 // in its rows). The zero blocks are multiplied too: skipping them (N = 64 - 16kk at tiles
 // 2kk..7) made ptxas serialize every wgmma of the kernel (the suffixes of one accumulator array
 // cannot all meet the register alignment). The caller fences, commits and waits.
+template <bool BF = false>
 __device__ __forceinline__ void mma_lower_wg(float (&acc)[8][4], const uint32_t (&a)[4][4], const __nv_bfloat16* M) {
   const uint64_t dM = wg::desc128_k(M);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<8, 0, 0>(acc, a[kk], wg::desc_add(dM, 32 * kk));
+  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<8, 0, 0, BF>(acc, a[kk], wg::desc_add(dM, 32 * kk));
 }
 #endif
 
@@ -304,10 +306,11 @@ __device__ __forceinline__ void mma_lower_kn_wg(float (&acc)[8][4], const uint32
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) wg::mma_rs<8, 0, 1>(acc, a[kk], wg::desc_add(dM, 2048 * kk));
 }
+template <bool BF = false>
 __device__ __forceinline__ void mma_rows_kn_wg(float (&acc)[16][4], const uint32_t (&a)[4][4], const __nv_bfloat16* M) {
   const uint64_t dM = wg::desc128_mn(M, kCBd * 2);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<16, 0, 1>(acc, a[kk], wg::desc_add(dM, 2048 * kk));
+  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<16, 0, 1, BF>(acc, a[kk], wg::desc_add(dM, 2048 * kk));
 }
 #endif
 
@@ -999,6 +1002,236 @@ __global__ void __launch_bounds__(kDhThreads, 2) gdn_dh16t_kernel(KParams p) {
       for (int e = 0; e < 4; ++e) dh0[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] = st[nn][e];
   }
 }
+
+// ---- v44 (an experiment, launched only with -DQRUN_GDN_REC_T; sm_90a): the backward's state
+// recompute in the transposed register-state form, on bf16x2 wgmma ----
+// The recompute (gdn_state_kernel, mode 2: S entering each chunk and Delta, as the hi/lo planes
+// bwd_chunk multiplies) runs beside the fp16 reverse pass. At 1x8192 the two cannot share one
+// round: 96 reverse-pass blocks and 192 recompute blocks (32-wide slices, 8 warps) meet 264 places
+// (session 18), so the pair costs the sum of its halves. This kernel computes the same quantities
+// per 64-wide slice with 4 warps (96 blocks at 1x8192: one round beside the reverse pass), the
+// state transposed in registers as in gdn_state16t_kernel, and every product in the bf16x2
+// precision of state_body (gdn_seq.cu): A = hi and lo bf16 fragments of S^T, Y^T and Delta'^T
+// from registers; B = raw bf16 k (exact), T's hi/lo planes from prep. Per chunk c:
+//   hs   <- S^T (entering c, split hi/lo)
+//   X^T   = S^T K^T                       (k raw; S hi + lo: 2 products)
+//   Y^T   = (diag(beta) V^T - X^T diag(fx))  rows >= L selected to 0   (fx = beta e^gam rsK)
+//   D^T   = Y^T T^T                       (hi.hi + hi.lo + lo.hi)
+//   Dl   <- D^T (rows >= L selected to 0)
+//   S^T  <- e^{gam_L} S^T + (D^T diag(dec)) K   (dec = e^{gam_L - gam} rsK; hi + lo)
+// The row factors are prep16's (p.fx, p.dec), as for the reverse pass. Operands double-buffered,
+// one barrier per step. Other architectures: not launched (the body traps).
+constexpr int kRecVecF = 3 * C + 32;  // fb, fx, dec [64] each, then gam_L (padded to 128 bytes)
+constexpr size_t kRecBuf = ((size_t)(kKQ + 2 * kPL + kVT) * 2 + kRecVecF * sizeof(float) + 1023) / 1024 * 1024;
+struct RBuf {
+  __nv_bfloat16 *K, *T, *V;  // raw k (two [64][64] column blocks, 128-byte swizzle), T hi/lo, raw v
+  float *fb, *fx, *dec, *gl;
+};
+__device__ __forceinline__ RBuf rbuf(unsigned char* base, int b) {
+  RBuf r;
+  r.K = reinterpret_cast<__nv_bfloat16*>(base + b * kRecBuf);
+  r.T = r.K + kKQ;
+  r.V = r.T + 2 * kPL;
+  r.fb = reinterpret_cast<float*>(r.V + kVT);
+  r.fx = r.fb + C;
+  r.dec = r.fx + C;
+  r.gl = r.dec + C;
+  return r;
+}
+// chunk g's operands into buffer b (rows >= L zero-filled); the caller commits
+__device__ __forceinline__ void rec_load(const RBuf& b, const KParams& p, int h, int hv, int v0, const ChunkGeo& g, int tid) {
+  {  // raw k rows of key head h: rows tid/16 + 8i, 8 columns at (tid % 16) * 8
+    const __nv_bfloat16* kb = bf16_at(p.k, g.t0 * p.k_st + (int64_t)h * p.k_sh);
+    if (p.vec_k) {
+      const int r0 = tid >> 4, c8 = (tid & 15) * 8;
+      const int d0 = (c8 >> 6) * kCBd + swz<64>(r0, c8 & 63);
+#pragma unroll
+      for (int i = 0; i < C / 8; ++i) {
+        const int r = r0 + 8 * i;
+        const bool ok = r < g.L;
+        cp_async16(b.K + d0 + 8 * i * 64, kb + (ok ? r : 0) * p.k_st + c8, ok ? 16 : 0);
+      }
+    } else {
+      const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
+      for (int i = tid; i < C * DK; i += kTThreads) {
+        const int r = i / DK, cc = i % DK;
+        b.K[(cc >> 6) * kCBd + swz<64>(r, cc & 56) + (cc & 7)] = r < g.L ? kb[r * p.k_st + cc] : z;
+      }
+    }
+  }
+  {  // T's hi and lo planes ([2][64][64] per (chunk, value head) from prep): 8 pieces of 8 a row
+    const __nv_bfloat16* ts = p.Tp + (g.c * p.HV + hv) * (int64_t)(2 * C * C);
+#pragma unroll
+    for (int i = 0; i < 2 * C * C / 8 / kTThreads; ++i) {
+      const int v = tid + i * kTThreads, pl = v >> 9, r = (v >> 3) & 63, c8 = (v & 7) * 8;
+      cp_async16(b.T + pl * kPL + swz<C>(r, c8), ts + v * 8, 16);
+    }
+  }
+  {  // the raw v slice [64][64] (row stride kTLD)
+    const __nv_bfloat16* vb = bf16_at(p.v, g.t0 * p.v_st + (int64_t)hv * p.v_sh + v0);
+    const int r0 = tid >> 3, c8 = (tid & 7) * 8;
+    if (p.vec_v) {
+#pragma unroll
+      for (int i = 0; i < C / 16; ++i) {
+        const int r = r0 + 16 * i;
+        const bool ok = r < g.L;
+        cp_async16(b.V + r * kTLD + c8, vb + (ok ? r * p.v_st : 0) + c8, ok ? 16 : 0);
+      }
+    } else {
+      const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
+      for (int i = tid; i < C * kTV; i += kTThreads) {
+        const int r = i / kTV, cc = i % kTV;
+        b.V[r * kTLD + cc] = r < g.L ? vb[r * p.v_st + cc] : z;
+      }
+    }
+  }
+  {  // row factors (0 beyond L): threads 0-63 beta and fx, 64-127 dec; thread 0 gam_L
+    const int r = tid & (C - 1);
+    const bool ok = r < g.L;
+    const int64_t i = (g.t0 + (ok ? r : 0)) * p.HV + hv;
+    if (tid < C) {
+      cp_async4(b.fb + r, p.bet + i, ok ? 4 : 0);
+      cp_async4(b.fx + r, p.fx + i, ok ? 4 : 0);
+    } else {
+      cp_async4(b.dec + r, p.dec + i, ok ? 4 : 0);
+    }
+    if (tid == 0) cp_async4(b.gl, p.gam + (g.t0 + g.L - 1) * p.HV + hv, 4);
+  }
+}
+
+// As the reverse pass's programmatic dependent it waits for it before exiting (gdn_backward).
+__global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
+#if GDN_DH_WGMMA
+  extern __shared__ __align__(128) unsigned char smraw0[];
+  unsigned char* const smraw = smraw0 + ((1024u - (smem_u32(smraw0) & 1023u)) & 1023u);
+  const SeqBlock sb = seq_block(p, blockIdx.x, kTNS);
+  const int vs = sb.vs, hv = sb.hv, h = sb.h;
+  const int64_t n = sb.n;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int v0 = vs * kTV, j0 = 16 * warp;
+  __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * kRecBuf) + warp * kStageEl;
+  const int64_t KV = (int64_t)DK * DV;
+  int vsl, cw;
+  bwd_slice(v0, j0, vsl, cw);
+  float st[16][4];  // S^T, lane element (nn, e): j = gq + 8 (e >> 1), i = 8 nn + 2 tq + (e & 1)
+  {
+    const float* h0 = p.h0 ? p.h0 + (n * p.HV + hv) * KV + v0 + j0 : nullptr;
+#pragma unroll
+    for (int nn = 0; nn < 16; ++nn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        st[nn][e] = h0 ? h0[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] : 0.f;
+  }
+  const int64_t bos = p.cu[n], eos = p.cu[n + 1];
+  const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
+  if (c_beg < c_end) rec_load(rbuf(smraw, (int)(c_beg & 1)), p, h, hv, v0, chunk_geo(c_beg, c_beg, bos, eos), tid);
+  cp_async_commit();
+  for (int64_t c = c_beg; c < c_end; ++c) {
+    const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
+    const int L = g.L;
+    const RBuf b = rbuf(smraw, (int)(c & 1));
+    cp_async_wait<0>();
+    wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
+    __syncthreads();   // chunk c's operands landed; everyone is done with chunk c-1's buffer
+    if (c + 1 < c_end) rec_load(rbuf(smraw, (int)((c + 1) & 1)), p, h, hv, v0, chunk_geo(c + 1, c_beg, bos, eos), tid);
+    cp_async_commit();
+    store_planes_t<16>(p.hs + slice_planes(c, p.HV, hv, vsl, DK), st, cw, lane, stage);  // S entering c
+    // X^T = S^T K^T: A = S^T's hi and lo fragments (k-block kk: n8 tiles 2kk, 2kk+1 of the state)
+    float x[8][4];
+    zero_acc(x);
+    {
+      uint32_t ah[8][4], al[8][4];
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          split2(st[2 * kk + u][0], st[2 * kk + u][1], ah[kk][2 * u], al[kk][2 * u]);
+          split2(st[2 * kk + u][2], st[2 * kk + u][3], ah[kk][2 * u + 1], al[kk][2 * u + 1]);
+        }
+      wg::pin(x);
+      wg::pin(ah);
+      wg::pin(al);
+      wg::fence();
+      mma_rows_t_wg<kCBd, true>(x, al, b.K);
+      mma_rows_t_wg<kCBd, true>(x, ah, b.K);
+      wg::commit();
+      wg::wait<0>();
+      wg::pin(x);
+    }
+    // Y^T (rows >= L selected to 0) as hi/lo A fragments (k = chunk row r): v^T tiles by
+    // transposed ldmatrix land in the accumulator layout (lane: rows j = gq, gq + 8; r = 8 nn + 2 tq, +1)
+    uint32_t yh[4][4], yl[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t va[4];
+      ldsm_x4_t(va, b.V + at_off(kTLD, j0, 16 * kk, lane));
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int nn = 2 * kk + u, r = 8 * nn + 2 * tq;
+        const float2 fb = *reinterpret_cast<const float2*>(b.fb + r);
+        const float2 fx = *reinterpret_cast<const float2*>(b.fx + r);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const uint32_t vv = va[2 * u + hh];
+          const float y0 = r < L ? fb.x * bf_lo(vv) - fx.x * x[nn][2 * hh] : 0.f;
+          const float y1 = r + 1 < L ? fb.y * bf_hi(vv) - fx.y * x[nn][2 * hh + 1] : 0.f;
+          split2(y0, y1, yh[kk][2 * u + hh], yl[kk][2 * u + hh]);
+        }
+      }
+    }
+    // D^T = Y^T T^T: hi.hi + hi.lo + lo.hi (T's planes K-major as stored, rows r')
+    float d[8][4];
+    zero_acc(d);
+    wg::pin(d);
+    wg::pin(yh);
+    wg::pin(yl);
+    wg::fence();
+    mma_lower_wg<true>(d, yl, b.T);
+    mma_lower_wg<true>(d, yh, b.T + kPL);
+    mma_lower_wg<true>(d, yh, b.T);
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(d);
+    // Delta (rows >= L selected to 0) and Delta' = diag(dec) Delta as hi/lo A fragments
+    uint32_t ph[4][4], pl[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int nn = 2 * kk + u, r = 8 * nn + 2 * tq;
+        const float2 dc = *reinterpret_cast<const float2*>(b.dec + r);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float d0 = r < L ? d[nn][2 * hh] : 0.f, d1 = r + 1 < L ? d[nn][2 * hh + 1] : 0.f;
+          d[nn][2 * hh] = d0;
+          d[nn][2 * hh + 1] = d1;
+          split2(dc.x * d0, dc.y * d1, ph[kk][2 * u + hh], pl[kk][2 * u + hh]);
+        }
+      }
+    // S^T <- e^{gam_L} S^T + Delta'^T K (K MN-major: n = key), the Delta planes stored meanwhile
+    const float eg = expf(*b.gl);
+#pragma unroll
+    for (int nn = 0; nn < 16; ++nn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nn][e] *= eg;
+    wg::pin(st);
+    wg::pin(ph);
+    wg::pin(pl);
+    wg::fence();
+    mma_rows_kn_wg<true>(st, pl, b.K);
+    mma_rows_kn_wg<true>(st, ph, b.K);
+    wg::commit();
+    store_planes_t<8>(p.Dl + slice_planes(c, p.HV, hv, vsl, C), d, cw, lane, stage);
+    wg::wait<0>();
+    wg::pin(st);
+  }
+  cp_async_wait<0>();
+#else
+  __trap();  // (launched only on sm_90a builds: gdn_backward)
+#endif
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+size_t rec16t_smem_bytes() { return 2 * kRecBuf + (size_t)kTW * kStageEl * 2 + 1024; }
 
 int dh16t_threads() { return kDhThreads; }
 

@@ -114,7 +114,7 @@ __device__ __forceinline__ void mma_ss(float (&d)[4][4], uint64_t da, uint64_t d
 }
 #endif
 
-// ---- 128-byte swizzle, fp16, A from registers (the forward's register-state kernel) ----
+// ---- 128-byte swizzle, A from registers (the register-state kernels: fp16; N = 64 and 128 also bf16) ----
 // Operand tiles of 64-element (128-byte) rows, the 16-byte chunk j of row r at chunk j ^ (r & 7)
 // (swz<64> of gdn_mma16.cuh), every tile on a 1024-byte boundary (one 8-row swizzle atom). A
 // wider matrix is a sequence of such [rows][64] tiles ("column blocks"). One tile serves both
@@ -168,40 +168,53 @@ __device__ __forceinline__ void mma_rs_n48(float (&d)[NTOT][4], const uint32_t (
       : GDN_WG_D(0), GDN_WG_D(1), GDN_WG_D(2), GDN_WG_D(3), GDN_WG_D(4), GDN_WG_D(5)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(1));
 }
-template <int O, int TB, int NTOT>
+// (N = 64 and 128 also in bf16 x bf16, BF: the backward's bf16x2 recompute)
+#define GDN_WG_RS_N64(TY)                                                                                  \
+  asm volatile(                                                                                            \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"                                                          \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY " "                                                 \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                              \
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                  \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"                                                       \
+      : GDN_WG_D(0), GDN_WG_D(1), GDN_WG_D(2), GDN_WG_D(3), GDN_WG_D(4), GDN_WG_D(5), GDN_WG_D(6), GDN_WG_D(7) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(1))
+template <int O, int TB, bool BF, int NTOT>
 __device__ __forceinline__ void mma_rs_n64(float (&d)[NTOT][4], const uint32_t (&a)[4], uint64_t db) {
   static_assert(O >= 0 && O + 8 <= NTOT, "accumulator tiles");
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
-      : GDN_WG_D(0), GDN_WG_D(1), GDN_WG_D(2), GDN_WG_D(3), GDN_WG_D(4), GDN_WG_D(5), GDN_WG_D(6), GDN_WG_D(7)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(1));
+  if constexpr (BF) GDN_WG_RS_N64("bf16.bf16");
+  else GDN_WG_RS_N64("f16.f16");
 }
-template <int O, int TB, int NTOT>
+#undef GDN_WG_RS_N64
+#define GDN_WG_RS_N128(TY)                                                                                 \
+  asm volatile(                                                                                            \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %70, 0;\n"                                                          \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY " "                                                \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                              \
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"                    \
+      " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                    \
+      " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "                  \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"                                                       \
+      : GDN_WG_D(0), GDN_WG_D(1), GDN_WG_D(2), GDN_WG_D(3), GDN_WG_D(4), GDN_WG_D(5), GDN_WG_D(6),         \
+        GDN_WG_D(7), GDN_WG_D(8), GDN_WG_D(9), GDN_WG_D(10), GDN_WG_D(11), GDN_WG_D(12), GDN_WG_D(13),     \
+        GDN_WG_D(14), GDN_WG_D(15)                                                                         \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(1))
+template <int O, int TB, bool BF, int NTOT>
 __device__ __forceinline__ void mma_rs_n128(float (&d)[NTOT][4], const uint32_t (&a)[4], uint64_t db) {
   static_assert(O >= 0 && O + 16 <= NTOT, "accumulator tiles");
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %70, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-      " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-      " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"
-      : GDN_WG_D(0), GDN_WG_D(1), GDN_WG_D(2), GDN_WG_D(3), GDN_WG_D(4), GDN_WG_D(5), GDN_WG_D(6), GDN_WG_D(7), GDN_WG_D(8), GDN_WG_D(9), GDN_WG_D(10), GDN_WG_D(11), GDN_WG_D(12), GDN_WG_D(13), GDN_WG_D(14), GDN_WG_D(15)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(1));
+  if constexpr (BF) GDN_WG_RS_N128("bf16.bf16");
+  else GDN_WG_RS_N128("f16.f16");
 }
+#undef GDN_WG_RS_N128
 #undef GDN_WG_D
-template <int NT, int O, int TB, int NTOT>
+// BF: bf16 A and B (N = 64 and 128 only), else fp16.
+template <int NT, int O, int TB, bool BF = false, int NTOT>
 __device__ __forceinline__ void mma_rs(float (&d)[NTOT][4], const uint32_t (&a)[4], uint64_t db) {
+  static_assert(!BF || NT == 8 || NT == 16, "bf16 forms: N of 64 or 128");
   if constexpr (NT == 2) mma_rs_n16<O, TB>(d, a, db);
   else if constexpr (NT == 4) mma_rs_n32<O, TB>(d, a, db);
   else if constexpr (NT == 6) mma_rs_n48<O, TB>(d, a, db);
-  else if constexpr (NT == 8) mma_rs_n64<O, TB>(d, a, db);
-  else if constexpr (NT == 16) mma_rs_n128<O, TB>(d, a, db);
+  else if constexpr (NT == 8) mma_rs_n64<O, TB, BF>(d, a, db);
+  else if constexpr (NT == 16) mma_rs_n128<O, TB, BF>(d, a, db);
   else static_assert(NT == 2, "N of 16, 32, 48, 64 or 128");
 }
 #endif

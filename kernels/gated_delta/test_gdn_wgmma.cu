@@ -8,7 +8,8 @@
 // - gdn_state16t_kernel (the forward): one warpgroup, fp16 A from registers, B in the 128-byte
 //   swizzle: a [2][128][64] region of two column blocks (rows 0-63 "K", 64-127 "Q"), read K-major
 //   as X = A1 K^T and O = A1 Q^T (k = 128, both column blocks) and MN-major as S = A2 K (n = 128,
-//   k = 64: rows of K).
+//   k = 64: rows of K). The same three forms in bf16 (N = 64 and 128), as the backward's
+//   register-state recompute (-DQRUN_GDN_REC_T) uses them.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -78,13 +79,20 @@ int read_flag_free(int* d) {
   return r;
 }
 
-// The forward's three uses of the RS form on one [2][128][64] region Bm (see the top).
+// The forward's three uses of the RS form on one [2][128][64] region Bm (see the top); BF: the
+// same in bf16 (the backward's bf16x2 recompute, -DQRUN_GDN_REC_T, uses these forms).
+template <bool BF>
+__device__ __forceinline__ uint16_t bits16(float x) {
+  if constexpr (BF) return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  else return __half_as_ushort(__float2half_rn(x));
+}
+template <bool BF>
 __global__ void wg_rs_forward(const float* A1, const float* A2, const float* Bm, float* X, float* O, float* S, int* ran) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __shared__ __align__(1024) __half Bs[2 * 128 * 64];
+  __shared__ __align__(1024) uint16_t Bs[2 * 128 * 64];
   for (int i = threadIdx.x; i < 128 * 128; i += blockDim.x) {
     const int r = i / 128, c = i % 128;
-    Bs[(c >> 6) * 128 * 64 + (r << 6) + ((((c & 63) >> 3) ^ r) & 7) * 8 + (c & 7)] = __float2half(Bm[i]);
+    Bs[(c >> 6) * 128 * 64 + (r << 6) + ((((c & 63) >> 3) ^ r) & 7) * 8 + (c & 7)] = bits16<BF>(Bm[i]);
   }
   wg::fence_smem();
   __syncthreads();
@@ -93,8 +101,7 @@ __global__ void wg_rs_forward(const float* A1, const float* A2, const float* Bm,
   auto frag = [&](const float* A, int ld, int kk, uint32_t (&a)[4]) {
     for (int e = 0; e < 4; ++e) {
       const int r = m0 + 8 * (e & 1), c = 16 * kk + k0 + 8 * (e >> 1);
-      __half2 h = __floats2half2_rn(A[r * ld + c], A[r * ld + c + 1]);
-      a[e] = *reinterpret_cast<uint32_t*>(&h);
+      a[e] = bits16<BF>(A[r * ld + c]) | (uint32_t)bits16<BF>(A[r * ld + c + 1]) << 16;
     }
   };
   uint32_t a1[8][4], a2[4][4];
@@ -105,10 +112,10 @@ __global__ void wg_rs_forward(const float* A1, const float* A2, const float* Bm,
   wg::fence();
   for (int kk = 0; kk < 8; ++kk) {
     const uint32_t off = (kk >> 2) * 128 * 64 * 2 + (kk & 3) * 32;
-    wg::mma_rs<8, 0, 0>(x, a1[kk], wg::desc_add(dK, off));
-    wg::mma_rs<8, 0, 0>(o, a1[kk], wg::desc_add(dQ, off));
+    wg::mma_rs<8, 0, 0, BF>(x, a1[kk], wg::desc_add(dK, off));
+    wg::mma_rs<8, 0, 0, BF>(o, a1[kk], wg::desc_add(dQ, off));
   }
-  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<16, 0, 1>(st, a2[kk], wg::desc_add(dKt, kk * 16 * 128));
+  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<16, 0, 1, BF>(st, a2[kk], wg::desc_add(dKt, kk * 16 * 128));
   wg::commit();
   wg::wait<0>();
   wg::pin(x);
@@ -127,6 +134,7 @@ __global__ void wg_rs_forward(const float* A1, const float* A2, const float* Bm,
 #endif
 }
 
+template <bool BF>
 bool run_forward_case(std::mt19937& rng) {
   std::uniform_int_distribution<int> u(-4, 4);
   std::vector<float> a1(64 * 128), a2(64 * 64), bm(128 * 128);
@@ -147,7 +155,7 @@ bool run_forward_case(std::mt19937& rng) {
   float *dA1 = to_device(a1), *dA2 = to_device(a2), *dB = to_device(bm);
   float *dX = to_device(poison_x), *dO = to_device(poison_x), *dS = to_device(poison_s);
   int* dran = ran_flag();
-  wg_rs_forward<<<1, 128>>>(dA1, dA2, dB, dX, dO, dS, dran);
+  wg_rs_forward<BF><<<1, 128>>>(dA1, dA2, dB, dX, dO, dS, dran);
   const cudaError_t err = cudaDeviceSynchronize();
   const std::vector<float> x = to_host_free(dX, rx.size()), o = to_host_free(dO, ro.size()),
                            st = to_host_free(dS, rs.size());
@@ -158,8 +166,8 @@ bool run_forward_case(std::mt19937& rng) {
   for (size_t i = 0; i < o.size(); ++i) bo += o[i] != ro[i];
   for (size_t i = 0; i < st.size(); ++i) bs += st[i] != rs[i];
   const bool ok = err == cudaSuccess && ran && bx == 0 && bo == 0 && bs == 0;
-  std::printf("%s forward RS forms, 128-byte swizzle: K-major X %d, O %d, MN-major S %d elements differ%s%s\n",
-              ok ? "ok  " : "FAIL", bx, bo, bs, ran ? "" : " (the sm_90a code path was not compiled)",
+  std::printf("%s %s RS forms, 128-byte swizzle: K-major X %d, O %d, MN-major S %d elements differ%s%s\n",
+              ok ? "ok  " : "FAIL", BF ? "bf16" : "fp16", bx, bo, bs, ran ? "" : " (the sm_90a code path was not compiled)",
               err == cudaSuccess ? "" : cudaGetErrorString(err));
   return ok;
 }
@@ -212,7 +220,8 @@ int main() {
     // aQ, aKs, aW: B = S0 or dS_C planes [128][32]; aPD, aT: B = Delta or v planes [64][32]
     ok &= run_case<4, 128>(rng);
     ok &= run_case<2, 64>(rng);
-    ok &= run_forward_case(rng);
+    ok &= run_forward_case<false>(rng);
+    ok &= run_forward_case<true>(rng);
   }
   std::printf("%s\n", ok ? "all wgmma products exact" : "wgmma test FAILED");
   return ok ? 0 : 1;
