@@ -314,6 +314,34 @@ __device__ __forceinline__ void mma_rows_kn_wg(float (&acc)[16][4], const uint32
 }
 #endif
 
+// Y^T = diag(fb) V^T - X^T diag(fx) of the forward and of the recompute (rows r >= L selected to
+// 0), in A-fragment order (k = chunk row r): put(kk, i, y0, y1) gets the pair of k-block kk,
+// register i. The v^T tiles come by transposed ldmatrix in the accumulator layout of X^T (lane:
+// rows j = gq, gq + 8; columns r = 8 nn + 2 tq, +1).
+template <class Put>
+__device__ __forceinline__ void y_frags(const float (&x)[8][4], const __nv_bfloat16* V, const float* fbv, const float* fxv,
+                                        int j0, int L, int lane, Put put) {
+  const int tq = lane & 3;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t va[4];
+    ldsm_x4_t(va, V + at_off(kTLD, j0, 16 * kk, lane));
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int nn = 2 * kk + u, r = 8 * nn + 2 * tq;
+      const float2 fb = *reinterpret_cast<const float2*>(fbv + r);
+      const float2 fx = *reinterpret_cast<const float2*>(fxv + r);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const uint32_t vv = va[2 * u + hh];
+        const float y0 = r < L ? fb.x * bf_lo(vv) - fx.x * x[nn][2 * hh] : 0.f;
+        const float y1 = r + 1 < L ? fb.y * bf_hi(vv) - fx.y * x[nn][2 * hh + 1] : 0.f;
+        put(kk, 2 * u + hh, y0, y1);
+      }
+    }
+  }
+}
+
 // A fragments (k-block kk = 16-column block of the chunk rows r) of a warp's transposed 16 x 64
 // accumulator tile X^T, as fp16 pairs of f(nn, e, x): n8 tiles 2kk and 2kk+1 are exactly the A
 // fragment of k-block kk.
@@ -537,28 +565,12 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
       }
     }
 #endif
-    // Y^T as A fragments (k = chunk row r): v^T tiles by transposed ldmatrix land in the
-    // accumulator layout (lane: rows j = gq, gq + 8; columns r = 8 nn + 2 tq, +1)
+    // Y^T as A fragments (k = chunk row r)
     uint32_t ya[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t va[4];
-      ldsm_x4_t(va, b.V + at_off(kTLD, j0, 16 * kk, lane));
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int nn = 2 * kk + u, r = 8 * nn + 2 * tq;
-        const float2 fb = *reinterpret_cast<const float2*>(b.fb + r);
-        const float2 fx = *reinterpret_cast<const float2*>(b.fx + r);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const uint32_t vv = va[2 * u + hh];
-          const float y0 = r < L ? fb.x * bf_lo(vv) - fx.x * x[nn][2 * hh] : 0.f;
-          const float y1 = r + 1 < L ? fb.y * bf_hi(vv) - fx.y * x[nn][2 * hh + 1] : 0.f;
-          ya[kk][2 * u + hh] = pack_h2(y0, y1);
-          mY.add(ya[kk][2 * u + hh]);
-        }
-      }
-    }
+    y_frags(x, b.V, b.fb, b.fx, j0, L, lane, [&](int kk, int i, float y0, float y1) {
+      ya[kk][i] = pack_h2(y0, y1);
+      mY.add(ya[kk][i]);
+    });
     GDN_PH(1);
     // D^T = Y^T T^T (T[r'][r] = 0 for r's 16-block above r''s: skipped)
     float d[8][4];
@@ -1158,27 +1170,10 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
       wg::wait<0>();
       wg::pin(x);
     }
-    // Y^T (rows >= L selected to 0) as hi/lo A fragments (k = chunk row r): v^T tiles by
-    // transposed ldmatrix land in the accumulator layout (lane: rows j = gq, gq + 8; r = 8 nn + 2 tq, +1)
+    // Y^T as hi/lo A fragments (k = chunk row r)
     uint32_t yh[4][4], yl[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t va[4];
-      ldsm_x4_t(va, b.V + at_off(kTLD, j0, 16 * kk, lane));
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int nn = 2 * kk + u, r = 8 * nn + 2 * tq;
-        const float2 fb = *reinterpret_cast<const float2*>(b.fb + r);
-        const float2 fx = *reinterpret_cast<const float2*>(b.fx + r);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const uint32_t vv = va[2 * u + hh];
-          const float y0 = r < L ? fb.x * bf_lo(vv) - fx.x * x[nn][2 * hh] : 0.f;
-          const float y1 = r + 1 < L ? fb.y * bf_hi(vv) - fx.y * x[nn][2 * hh + 1] : 0.f;
-          split2(y0, y1, yh[kk][2 * u + hh], yl[kk][2 * u + hh]);
-        }
-      }
-    }
+    y_frags(x, b.V, b.fb, b.fx, j0, L, lane,
+            [&](int kk, int i, float y0, float y1) { split2(y0, y1, yh[kk][i], yl[kk][i]); });
     // D^T = Y^T T^T: hi.hi + hi.lo + lo.hi (T's planes K-major as stored, rows r')
     float d[8][4];
     zero_acc(d);
