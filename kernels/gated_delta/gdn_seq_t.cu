@@ -318,6 +318,24 @@ __device__ __forceinline__ void mma_rows_kn_wg(float (&acc)[16][4], const uint32
 // 0), in A-fragment order (k = chunk row r): put(kk, i, y0, y1) gets the pair of k-block kk,
 // register i. The v^T tiles come by transposed ldmatrix in the accumulator layout of X^T (lane:
 // rows j = gq, gq + 8; columns r = 8 nn + 2 tq, +1).
+// A warp's transposed state strip (16 columns j of a [K][V] fp32 state, lane element (nn, e):
+// j = gq + 8 (e >> 1), i = 8 nn + 2 tq + (e & 1)) from / to m, which points at the strip's first
+// column; a null m loads zeros.
+__device__ __forceinline__ void state_t_load(float (&st)[16][4], const float* m, int lane) {
+  const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int nn = 0; nn < 16; ++nn)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st[nn][e] = m ? m[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] : 0.f;
+}
+__device__ __forceinline__ void state_t_store(float* m, const float (&st)[16][4], int lane) {
+  const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int nn = 0; nn < 16; ++nn)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) m[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] = st[nn][e];
+}
+
 template <class Put>
 __device__ __forceinline__ void y_frags(const float (&x)[8][4], const __nv_bfloat16* V, const float* fbv, const float* fxv,
                                         int j0, int L, int lane, Put put) {
@@ -466,15 +484,8 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
   // S^T: rows j (the warp's 16 columns of S), 16 n8 tiles over i = 0..127.
   // Lane element (nn, e): j = gq + 8 (e >> 1), i = 8 nn + 2 tq + (e & 1).
   float st[16][4];
-  {
-    // (consumers only: a producer's j0 lies beyond the slice)
-    const float* h0 = p.h0 && !producer ? p.h0 + (n * p.HV + hv) * KV + v0 + j0 : nullptr;
-#pragma unroll
-    for (int nn = 0; nn < 16; ++nn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        st[nn][e] = h0 ? h0[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] : 0.f;
-  }
+  // (consumers only: a producer's j0 lies beyond the slice)
+  state_t_load(st, p.h0 && !producer ? p.h0 + (n * p.HV + hv) * KV + v0 + j0 : nullptr, lane);
   AbsMaxH2 mS, mY, mD;  // F16 guard: largest |x| of the S, Y and D (and D') operands
 
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
@@ -704,11 +715,7 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
       flush_o(Ob + ((c_end - 1) & 1) * kVT, gp.t0, gp.L);
     }
   } else if (p.ht) {
-    float* ht = p.ht + (n * p.HV + hv) * KV + v0 + j0;
-#pragma unroll
-    for (int nn = 0; nn < 16; ++nn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ht[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] = st[nn][e];
+    state_t_store(p.ht + (n * p.HV + hv) * KV + v0 + j0, st, lane);
   }
   // range check of this block's fp16 operands over the whole sequence
   __shared__ unsigned bmax[3];
@@ -765,7 +772,7 @@ static_assert(kDhProdRegs + kDhCompRegs == 2 * 128, "the block's 128 registers p
 __global__ void __launch_bounds__(kDhThreads, 2) gdn_dh16t_kernel(KParams p) {
   // let the dependent recompute launch now: it takes the SM room this grid leaves
   asm volatile("griddepcontrol.launch_dependents;");
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
   const bool producer = kDhProducers && tid >= kTThreads;  // (warp-uniform)
   const int ptid = producer ? tid - kTThreads : tid;       // the copying thread's index
   GDN_PH_START  // (phase clocks 8-15 of gdn_debug_phases_seqt)
@@ -820,15 +827,8 @@ __global__ void __launch_bounds__(kDhThreads, 2) gdn_dh16t_kernel(KParams p) {
   const int64_t KV = (int64_t)DK * DV;
   int vsl, cw;
   bwd_slice(v0, j0, vsl, cw);
-  float st[16][4];  // dS^T, lane element (nn, e): j = gq + 8 (e >> 1), i = 8 nn + 2 tq + (e & 1)
-  {
-    const float* dht = p.dht ? p.dht + (n * p.HV + hv) * KV + v0 + j0 : nullptr;
-#pragma unroll
-    for (int nn = 0; nn < 16; ++nn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        st[nn][e] = dht ? dht[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] : 0.f;
-  }
+  float st[16][4];  // dS^T (state_t_load's layout)
+  state_t_load(st, p.dht ? p.dht + (n * p.HV + hv) * KV + v0 + j0 : nullptr, lane);
   for (int64_t c = c_end - 1; c >= c_beg; --c) {
     const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
     const int L = g.L;
@@ -1006,13 +1006,7 @@ __global__ void __launch_bounds__(kDhThreads, 2) gdn_dh16t_kernel(KParams p) {
     GDN_PH(14);
   }
   cp_async_wait<0>();
-  if (p.dh0) {
-    float* dh0 = p.dh0 + (n * p.HV + hv) * KV + v0 + j0;
-#pragma unroll
-    for (int nn = 0; nn < 16; ++nn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dh0[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] = st[nn][e];
-  }
+  if (p.dh0) state_t_store(p.dh0 + (n * p.HV + hv) * KV + v0 + j0, st, lane);
 }
 
 // ---- v44 (an experiment, launched only with -DQRUN_GDN_REC_T; sm_90a): the backward's state
@@ -1119,21 +1113,14 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
   const SeqBlock sb = seq_block(p, blockIdx.x, kTNS);
   const int vs = sb.vs, hv = sb.hv, h = sb.h;
   const int64_t n = sb.n;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
   const int v0 = vs * kTV, j0 = 16 * warp;
   __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * kRecBuf) + warp * kStageEl;
   const int64_t KV = (int64_t)DK * DV;
   int vsl, cw;
   bwd_slice(v0, j0, vsl, cw);
-  float st[16][4];  // S^T, lane element (nn, e): j = gq + 8 (e >> 1), i = 8 nn + 2 tq + (e & 1)
-  {
-    const float* h0 = p.h0 ? p.h0 + (n * p.HV + hv) * KV + v0 + j0 : nullptr;
-#pragma unroll
-    for (int nn = 0; nn < 16; ++nn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        st[nn][e] = h0 ? h0[(int64_t)(8 * nn + 2 * tq + (e & 1)) * DV + gq + 8 * (e >> 1)] : 0.f;
-  }
+  float st[16][4];  // S^T (state_t_load's layout)
+  state_t_load(st, p.h0 ? p.h0 + (n * p.HV + hv) * KV + v0 + j0 : nullptr, lane);
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
   if (c_beg < c_end) rec_load(rbuf(smraw, (int)(c_beg & 1)), p, h, hv, v0, chunk_geo(c_beg, c_beg, bos, eos), tid);
