@@ -153,6 +153,43 @@ __device__ __forceinline__ void ld_h16(__nv_bfloat16* d0p, const void* s0, __nv_
   }
 }
 
+// The raw [64][64] slice (columns v0..) of v or dO into V (row stride kTLD; rows >= L zero; plain
+// stores when its rows are not 16-byte aligned), and the row factors (0 beyond L): threads 0-63
+// beta and fx, 64-127 fq (FQ) and dec; thread 0 gam_L. The caller commits.
+template <bool FQ>
+__device__ __forceinline__ void ld_slice_rows(__nv_bfloat16* V, float* fb, float* fx, float* fq, float* dec, float* gl,
+                                              const KParams& p, const void* xs, int64_t x_st, int64_t x_sh, int vec,
+                                              int hv, int v0, const ChunkGeo& g, int tid) {
+  static_assert(kTV == 64, "v rows are 8 pieces of 8");
+  const int r0 = tid >> 3, c8 = (tid & 7) * 8;  // 16 rows per pass, 8 pieces per row
+  const __nv_bfloat16* vb = bf16_at(xs, g.t0 * x_st + (int64_t)hv * x_sh + v0);
+  if (vec) {
+#pragma unroll
+    for (int i = 0; i < C / 16; ++i) {
+      const int r = r0 + 16 * i;
+      const bool ok = r < g.L;
+      cp_async16(V + r * kTLD + c8, vb + (ok ? r * x_st : 0) + c8, ok ? 16 : 0);
+    }
+  } else {
+    const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
+    for (int i = tid; i < C * kTV; i += kTThreads) {
+      const int r = i / kTV, cc = i % kTV;
+      V[r * kTLD + cc] = r < g.L ? vb[r * x_st + cc] : z;
+    }
+  }
+  const int r = tid & (C - 1);
+  const bool ok = r < g.L;
+  const int64_t i = (g.t0 + (ok ? r : 0)) * p.HV + hv;
+  if (tid < C) {
+    cp_async4(fb + r, p.bet + i, ok ? 4 : 0);
+    cp_async4(fx + r, p.fx + i, ok ? 4 : 0);
+  } else {
+    if constexpr (FQ) cp_async4(fq + r, p.fq + i, ok ? 4 : 0);
+    cp_async4(dec + r, p.dec + i, ok ? 4 : 0);
+  }
+  if (tid == 0) cp_async4(gl, p.gam + (g.t0 + g.L - 1) * p.HV + hv, 4);
+}
+
 // Issues the cp.async copies of chunk g's operands into buffer b (rows >= L zero-filled; v / dO by
 // plain stores when its rows are not 16-byte aligned). The caller commits. Thread tid copies the
 // same columns of rows tid/16 + 8i (q/k) and tid/8 + 16i (T, P, v) in every chunk, so the
@@ -163,7 +200,7 @@ __device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, i
                                        int tid = threadIdx.x) {
   constexpr int kCBS = KIND == kFwd ? (GDN_FWD_WGMMA ? kCB : 0) : (GDN_DH_WGMMA ? kCBd : 0);
   ld_h16<true, kCBS>(b.K, p.kh, b.Q, p.qh, p, h, g, tid);
-  const int r0 = tid >> 3, c8 = (tid & 7) * 8;  // T, P, v: 16 rows per pass, 8 pieces per row
+  const int r0 = tid >> 3, c8 = (tid & 7) * 8;  // T, P: 16 rows per pass, 8 pieces per row
   {
     const int d0 = swz<C>(r0, c8);
     // (the forward's planes are p.Tp, p.Pp at a fixed stride: p.T16, p.P16 there)
@@ -176,38 +213,9 @@ __device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, i
       cp_async16(b.P + d0 + 16 * i * C, Psrc + pl + i * 16 * C, 16);
     }
   }
-  static_assert(kTV == 64, "v rows are 8 pieces of 8");
-  // v (the forward) or dO (the reverse pass)
-  const void* xs = KIND == kDh ? p.dO : p.v;
-  const int64_t x_st = KIND == kDh ? p.do_st : p.v_st, x_sh = KIND == kDh ? p.do_sh : p.v_sh;
-  const __nv_bfloat16* vb = bf16_at(xs, g.t0 * x_st + (int64_t)hv * x_sh + v0);
-  if (KIND == kDh ? p.vec_do : p.vec_v) {
-#pragma unroll
-    for (int i = 0; i < C / 16; ++i) {
-      const int r = r0 + 16 * i;
-      const bool ok = r < g.L;
-      cp_async16(b.V + r * kTLD + c8, vb + (ok ? r * x_st : 0) + c8, ok ? 16 : 0);
-    }
-  } else {
-    const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
-    for (int i = tid; i < C * kTV; i += kTThreads) {
-      const int r = i / kTV, cc = i % kTV;
-      b.V[r * kTLD + cc] = r < g.L ? vb[r * x_st + cc] : z;
-    }
-  }
-  {  // row factors (0 beyond L): threads 0-63 beta and fx, 64-127 fq and dec; thread 0 gam_L
-    const int r = tid & (C - 1);
-    const bool ok = r < g.L;
-    const int64_t i = (g.t0 + (ok ? r : 0)) * p.HV + hv;
-    if (tid < C) {
-      cp_async4(b.fb + r, p.bet + i, ok ? 4 : 0);
-      cp_async4(b.fx + r, p.fx + i, ok ? 4 : 0);
-    } else {
-      cp_async4(b.fq + r, p.fq + i, ok ? 4 : 0);
-      cp_async4(b.dec + r, p.dec + i, ok ? 4 : 0);
-    }
-    if (tid == 0) cp_async4(b.gl, p.gam + (g.t0 + g.L - 1) * p.HV + hv, 4);
-  }
+  // v (the forward) or dO (the reverse pass), and the row factors
+  if (KIND == kDh) ld_slice_rows<true>(b.V, b.fb, b.fx, b.fq, b.dec, b.gl, p, p.dO, p.do_st, p.do_sh, p.vec_do, hv, v0, g, tid);
+  else ld_slice_rows<true>(b.V, b.fb, b.fx, b.fq, b.dec, b.gl, p, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g, tid);
 }
 
 #if !GDN_FWD_WGMMA
@@ -358,6 +366,26 @@ __device__ __forceinline__ void y_frags(const float (&x)[8][4], const __nv_bfloa
       }
     }
   }
+}
+
+// D^T (rows r >= L selected to 0) and D'^T = D^T diag(dec) in A-fragment order: put(kk, i, d0,
+// d1, e0, e1) gets the pairs of k-block kk, register i (n8 tile 2 kk + i / 2, elements 2 (i % 2),
+// +1 of d).
+template <class Put>
+__device__ __forceinline__ void d_frags(const float (&d)[8][4], const float* dec, int L, int lane, Put put) {
+  const int tq = lane & 3;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int nn = 2 * kk + u, r = 8 * nn + 2 * tq;
+      const float2 dc = *reinterpret_cast<const float2*>(dec + r);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float d0 = r < L ? d[nn][2 * hh] : 0.f, d1 = r + 1 < L ? d[nn][2 * hh + 1] : 0.f;
+        put(kk, 2 * u + hh, d0, d1, dc.x * d0, dc.y * d1);
+      }
+    }
 }
 
 // A fragments (k-block kk = 16-column block of the chunk rows r) of a warp's transposed 16 x 64
@@ -600,22 +628,12 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
 #endif
     // D (rows >= L selected to 0) and D' = diag(dec) D as A fragments
     uint32_t da[4][4], dpa[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int nn = 2 * kk + u, r = 8 * nn + 2 * tq;
-        const float2 dc = *reinterpret_cast<const float2*>(b.dec + r);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float d0 = r < L ? d[nn][2 * hh] : 0.f, d1 = r + 1 < L ? d[nn][2 * hh + 1] : 0.f;
-          const float e0 = dc.x * d0, e1 = dc.y * d1;
-          da[kk][2 * u + hh] = pack_h2(d0, d1);
-          dpa[kk][2 * u + hh] = pack_h2(e0, e1);
-          mD.add(da[kk][2 * u + hh]);
-          mD.add(dpa[kk][2 * u + hh]);
-        }
-      }
+    d_frags(d, b.dec, L, lane, [&](int kk, int i, float d0, float d1, float e0, float e1) {
+      da[kk][i] = pack_h2(d0, d1);
+      dpa[kk][i] = pack_h2(e0, e1);
+      mD.add(da[kk][i]);
+      mD.add(dpa[kk][i]);
+    });
     GDN_PH(2);
 #if GDN_FWD_WGMMA
     // S^T <- e^{gam_L} S^T + D'^T K, issued first: the next step waits for it (B = K rows 16kk..,
@@ -1073,36 +1091,8 @@ __device__ __forceinline__ void rec_load(const RBuf& b, const KParams& p, int h,
       cp_async16(b.T + pl * kPL + swz<C>(r, c8), ts + v * 8, 16);
     }
   }
-  {  // the raw v slice [64][64] (row stride kTLD)
-    const __nv_bfloat16* vb = bf16_at(p.v, g.t0 * p.v_st + (int64_t)hv * p.v_sh + v0);
-    const int r0 = tid >> 3, c8 = (tid & 7) * 8;
-    if (p.vec_v) {
-#pragma unroll
-      for (int i = 0; i < C / 16; ++i) {
-        const int r = r0 + 16 * i;
-        const bool ok = r < g.L;
-        cp_async16(b.V + r * kTLD + c8, vb + (ok ? r * p.v_st : 0) + c8, ok ? 16 : 0);
-      }
-    } else {
-      const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
-      for (int i = tid; i < C * kTV; i += kTThreads) {
-        const int r = i / kTV, cc = i % kTV;
-        b.V[r * kTLD + cc] = r < g.L ? vb[r * p.v_st + cc] : z;
-      }
-    }
-  }
-  {  // row factors (0 beyond L): threads 0-63 beta and fx, 64-127 dec; thread 0 gam_L
-    const int r = tid & (C - 1);
-    const bool ok = r < g.L;
-    const int64_t i = (g.t0 + (ok ? r : 0)) * p.HV + hv;
-    if (tid < C) {
-      cp_async4(b.fb + r, p.bet + i, ok ? 4 : 0);
-      cp_async4(b.fx + r, p.fx + i, ok ? 4 : 0);
-    } else {
-      cp_async4(b.dec + r, p.dec + i, ok ? 4 : 0);
-    }
-    if (tid == 0) cp_async4(b.gl, p.gam + (g.t0 + g.L - 1) * p.HV + hv, 4);
-  }
+  // the raw v slice and the row factors (no fq: the recompute forms no o)
+  ld_slice_rows<false>(b.V, b.fb, b.fx, nullptr, b.dec, b.gl, p, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g, tid);
 }
 
 // As the reverse pass's programmatic dependent it waits for it before exiting (gdn_backward).
@@ -1113,7 +1103,7 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
   const SeqBlock sb = seq_block(p, blockIdx.x, kTNS);
   const int vs = sb.vs, hv = sb.hv, h = sb.h;
   const int64_t n = sb.n;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int v0 = vs * kTV, j0 = 16 * warp;
   __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * kRecBuf) + warp * kStageEl;
   const int64_t KV = (int64_t)DK * DV;
@@ -1174,22 +1164,15 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
     wg::commit();
     wg::wait<0>();
     wg::pin(d);
-    // Delta (rows >= L selected to 0) and Delta' = diag(dec) Delta as hi/lo A fragments
+    // Delta (rows >= L selected to 0, in d for its planes) and Delta' = diag(dec) Delta as hi/lo
+    // A fragments
     uint32_t ph[4][4], pl[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int nn = 2 * kk + u, r = 8 * nn + 2 * tq;
-        const float2 dc = *reinterpret_cast<const float2*>(b.dec + r);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float d0 = r < L ? d[nn][2 * hh] : 0.f, d1 = r + 1 < L ? d[nn][2 * hh + 1] : 0.f;
-          d[nn][2 * hh] = d0;
-          d[nn][2 * hh + 1] = d1;
-          split2(dc.x * d0, dc.y * d1, ph[kk][2 * u + hh], pl[kk][2 * u + hh]);
-        }
-      }
+    d_frags(d, b.dec, L, lane, [&](int kk, int i, float d0, float d1, float e0, float e1) {
+      const int nn = 2 * kk + (i >> 1), hh = i & 1;
+      d[nn][2 * hh] = d0;
+      d[nn][2 * hh + 1] = d1;
+      split2(e0, e1, ph[kk][i], pl[kk][i]);
+    });
     // S^T <- e^{gam_L} S^T + Delta'^T K (K MN-major: n = key), the Delta planes stored meanwhile
     const float eg = expf(*b.gl);
 #pragma unroll
