@@ -32,6 +32,7 @@ size_t dh16t_smem_bytes();
 int dh16t_threads();
 __global__ void gdn_rec16t_kernel(KParams p);
 size_t rec16t_smem_bytes();
+cudaError_t rec16t_built(bool& built);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
 size_t seq_smem_bytes();
 size_t seq_smem_bytes_noq();
@@ -177,6 +178,24 @@ int sm_count() {
     cache[dev & 63].store(n, std::memory_order_relaxed);
   }
   return n;
+}
+
+// Whether the backward's register-state recompute (gdn_rec16t_kernel, wgmma only) runs on the
+// current device: whether the image loaded for it has the kernel's body (sm_90a; rec16t_built in
+// gdn_seq_t.cu reads the device pass's flag), cached per device. Elsewhere the body traps, and the
+// bf16x2 gdn_state_kernel recomputes instead.
+bool rec16t_runs() {
+  static std::atomic<int> cache[64];  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  int v = cache[dev & 63].load(std::memory_order_relaxed);
+  if (v == 0) {
+    bool built = false;
+    check_cuda(rec16t_built(built), "cudaMemcpyFromSymbol (gdn_rec16t_built)");
+    v = built ? 2 : 1;
+    cache[dev & 63].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
 }
 
 // Debug aid: QRUN_GDN_PROFILE=1 times every launch with events and prints the split to stderr
@@ -343,6 +362,17 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
   report_fallback(out.fell_back, k, p, s);
 }
 
+GdnDeviceInfo gdn_device_info() {
+  int dev = 0, major = 0, minor = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute");
+  GdnDeviceInfo d;
+  d.sm = 10 * major + minor;
+  d.wgmma = rec16t_runs();
+  return d;
+}
+
 void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_bytes, Stream stream) {
   gdn_check_problem(p);
   if (ws_bytes < layout(p).total_bwd || (!ws && layout(p).total_bwd > 0)) fail("backward workspace too small");
@@ -368,45 +398,55 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
   k.pair_dk = pairs_ok(io.dk, io.dk_st, io.dk_sh);
   Prof pr(s);
   using Path = GdnProblem::BwdPath;
-  const bool fast = p.total_tokens > 0 && (p.backward_path == Path::Fp16 ||
-                                           (p.backward_path == Path::Auto && p.num_seqs * p.HV * seq_t_slices() >= sm_count()));
+  // Auto: fp16 wherever the register-state recompute runs (sm_90a: faster at every batch shape
+  // measured, session 19); elsewhere when the batch fills the GPU (see GdnProblem::backward_path)
+  const bool fast = p.total_tokens > 0 &&
+                    (p.backward_path == Path::Fp16 ||
+                     (p.backward_path == Path::Auto &&
+                      (rec16t_runs() || p.num_seqs * p.HV * seq_t_slices() >= sm_count())));
   if (fast) {
     // The fast backward: the reverse pass (the state gradient, the longest sequential pass) on fp16
-    // operands that it scales itself (gdn_dh16t_kernel), and the state recompute on bf16x2
-    // (gdn_state_kernel, mode 2: fp16 states cost the gate gradients' sums, dA_log and ddt_bias,
-    // up to 3e-3 relative error). The two are independent; the recompute is launched as the
-    // reverse pass's programmatic dependent, so its blocks fill the SM room the reverse pass
-    // leaves instead of waiting for it, and it waits for the reverse pass to finish before it
-    // exits (griddepcontrol.wait), so that bwd_chunk, launched after it, sees both.
+    // operands that it scales itself (gdn_dh16t_kernel), and the state recompute in bf16x2
+    // precision (fp16 states cost the gate gradients' sums, dA_log and ddt_bias, up to 3e-3
+    // relative error): gdn_rec16t_kernel on sm_90a, else gdn_state_kernel mode 2. The two passes
+    // are independent; bwd_chunk needs both.
     // Note [f16 guard] (gdn_forward): prep's fp16 q/k, T and P are range-checked as in the fast
     // forward; flagged (sequence, value head)s are redone by the bf16x2 launches below, which
     // return at once everywhere else.
     check_cuda(cudaMemsetAsync(k.f16_bad, 0, ((size_t)p.num_seqs * p.HV + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
     launch_common_fwd(k, p, s, pr, kPrepB16);
     if (p.num_seqs > 0) {
+      const int64_t blocks = p.num_seqs * p.HV * seq_t_slices();
       set_smem(gdn_dh16t_kernel, dh16t_smem_bytes(), 8);
-      gdn_dh16t_kernel<<<grid1d(p.num_seqs * p.HV * seq_t_slices(), "dh"), dh16t_threads(), dh16t_smem_bytes(), s>>>(k);
+      gdn_dh16t_kernel<<<grid1d(blocks, "dh"), dh16t_threads(), dh16t_smem_bytes(), s>>>(k);
       check_launch("gdn_dh16t_kernel");
-      cudaLaunchConfig_t cfg{};
-      cfg.stream = s;
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr.val.programmaticStreamSerializationAllowed = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-#ifdef QRUN_GDN_REC_T  // (an experiment, sm_90a only: the recompute in the register-state form, v44)
-      set_smem(gdn_rec16t_kernel, rec16t_smem_bytes(), 9);
-      cfg.gridDim = dim3(grid1d(p.num_seqs * p.HV * seq_t_slices(), "state"));
-      cfg.blockDim = dim3(128);
-      cfg.dynamicSmemBytes = rec16t_smem_bytes();
-      check_cuda(cudaLaunchKernelEx(&cfg, gdn_rec16t_kernel, k), "gdn_rec16t_kernel (recompute)");
-#else
-      set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
-      cfg.gridDim = dim3(grid1d(p.num_seqs * p.HV * NVS, "state"));
-      cfg.blockDim = dim3(256);
-      cfg.dynamicSmemBytes = seq_smem_bytes_noq();  // (mode 2 leaves the q tile out)
-      check_cuda(cudaLaunchKernelEx(&cfg, gdn_state_kernel, k, 2), "gdn_state_kernel (recompute)");
-#endif
+      if (rec16t_runs()) {
+        // sm_90a: the recompute in the register-state form (v44), one block per 64-wide slice like
+        // the reverse pass, launched after it. Not beside it: the two share SMs badly. At 1x8192
+        // (96 + 96 blocks) the pair took 1.08 ms when the recompute was the reverse pass's
+        // programmatic dependent (0.89 ms the other way round) and 0.85 ms one after the other,
+        // against 0.46 + 0.40 ms alone (session 19).
+        set_smem(gdn_rec16t_kernel, rec16t_smem_bytes(), 9);
+        gdn_rec16t_kernel<<<grid1d(blocks, "state"), 128, rec16t_smem_bytes(), s>>>(k);
+        check_launch("gdn_rec16t_kernel");
+      } else {
+        // The bf16x2 recompute (256 threads per 32-wide slice) as the reverse pass's programmatic
+        // dependent: its blocks fill the SM room the reverse pass leaves (session 18: at 1x8192
+        // that beat running the two one after the other), and it waits for the reverse pass
+        // before it exits (griddepcontrol.wait), so that bwd_chunk, launched after it, sees both.
+        cudaLaunchConfig_t cfg{};
+        cfg.stream = s;
+        cudaLaunchAttribute attr{};
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
+        cfg.gridDim = dim3(grid1d(p.num_seqs * p.HV * NVS, "state"));
+        cfg.blockDim = dim3(256);
+        cfg.dynamicSmemBytes = seq_smem_bytes_noq();  // (mode 2 leaves the q tile out)
+        check_cuda(cudaLaunchKernelEx(&cfg, gdn_state_kernel, k, 2), "gdn_state_kernel (recompute)");
+      }
       pr.mark("dh (fp16) + state(recompute h)");
     }
     k.run_if = k.f16_bad;

@@ -120,12 +120,13 @@ struct GdnProblem {
   // Forward: fp16 operands with a range-checked bf16x2 fallback (see Numerics above); false:
   // always the bf16x2 path.
   bool fast_forward = true;
-  // Backward: the reverse pass on fp16 operands (Fp16), on bf16x2 (Bf16x2), or (Auto) fp16 when
-  // the batch has at least as many (sequence, value head, 64-wide V slice) items as the GPU has
-  // SMs. The fp16 reverse pass takes 0.56 ms at 1x8192 with 48 value heads against the bf16x2
-  // pair kernel's 1.13 ms, but the state recompute it leaves then runs on its own (0.63 ms); with
-  // fewer items than SMs that sum is slower than the pair kernel (H200: 2.71 vs 2.61 ms for
-  // 1x8192; 2.38 vs 2.53 ms for 4x2048, docs/PERF.md).
+  // Backward: the reverse pass on fp16 operands (Fp16), on bf16x2 (Bf16x2), or Auto. Fp16 runs the
+  // reverse pass (gdn_dh16t_kernel) and then a separate bf16x2 state recompute. On sm_90a (H100,
+  // H200) that recompute is gdn_rec16t_kernel and Auto always takes Fp16: faster at every batch
+  // shape measured (H200: 1x8192 2.34 vs 2.58 ms, 4x2048 2.11 vs 2.50, 1x2048 0.63 vs 0.69;
+  // docs/PERF.md, session 19). Elsewhere the recompute is gdn_state_kernel, and Auto takes Fp16
+  // when the batch has at least as many (sequence, value head, 64-wide V slice) items as the GPU
+  // has SMs: with fewer, the pair kernel of Bf16x2 was as fast or faster (H200, session 18).
   enum class BwdPath : int32_t { Auto = 0, Fp16 = 1, Bf16x2 = 2 };
   BwdPath backward_path = BwdPath::Auto;
 };
@@ -161,6 +162,16 @@ struct GdnBwdIO {
 // Scratch sizes in bytes (256-byte aligned base expected; cudaMalloc memory is).
 size_t gdn_fwd_workspace_bytes(const GdnProblem& p);
 size_t gdn_bwd_workspace_bytes(const GdnProblem& p);
+
+// The current device and the code these kernels run on it: sm = major * 10 + minor; wgmma: the
+// sm_90a forms (wgmma products, the register-state recompute), which need a build for sm_90a
+// (CMakeLists.txt makes 90 mean 90a). On an sm_90 device without them everything still runs, on
+// the slower mma.sync forms. (-DQRUN_GDN_NO_REC_T builds, a debugging switch, report false.)
+struct GdnDeviceInfo {
+  int sm = 0;
+  bool wgmma = false;
+};
+GdnDeviceInfo gdn_device_info();
 
 // Validates p (throws std::runtime_error with a clear message). Called by the launchers.
 void gdn_check_problem(const GdnProblem& p);

@@ -783,12 +783,13 @@ static_assert(kDhProdRegs + kDhCompRegs == 2 * 128, "the block's 128 registers p
 // The B operands (fp16 K, Q, T, P from prep) are range-checked by prep. K, Q, T, P, dO and the
 // row factors are double-buffered, so a step has one barrier (v43; until v42 the q tile was
 // single-buffered and waited for in the middle of the step; backward on fp16 operands 2.64 -> 2.57 ms
-// at 1x8192, 2.31 -> 2.29 at 4x2048, session 18). The block (127 KB)
-// runs beside a block of the bf16x2 state recompute (gdn_state_kernel, launched right after this
-// kernel as its programmatic dependent: the two passes are independent, see gdn_backward), which
-// leaves out its unused q tile for that.
+// at 1x8192, 2.31 -> 2.29 at 4x2048, session 18). On sm_90a the recompute (gdn_rec16t_kernel)
+// runs after this kernel; elsewhere the block (127 KB) runs beside a block of the bf16x2 recompute
+// (gdn_state_kernel, launched right after this kernel as its programmatic dependent: the two
+// passes are independent, see gdn_backward), which leaves out its unused q tile for that.
 __global__ void __launch_bounds__(kDhThreads, 2) gdn_dh16t_kernel(KParams p) {
-  // let the dependent recompute launch now: it takes the SM room this grid leaves
+  // let a dependent recompute launch now (gdn_state_kernel, where gdn_rec16t_kernel does not run):
+  // it takes the SM room this grid leaves
   asm volatile("griddepcontrol.launch_dependents;");
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
   const bool producer = kDhProducers && tid >= kTThreads;  // (warp-uniform)
@@ -1027,15 +1028,12 @@ __global__ void __launch_bounds__(kDhThreads, 2) gdn_dh16t_kernel(KParams p) {
   if (p.dh0) state_t_store(p.dh0 + (n * p.HV + hv) * KV + v0 + j0, st, lane);
 }
 
-// ---- v44 (an experiment, launched only with -DQRUN_GDN_REC_T; sm_90a): the backward's state
-// recompute in the transposed register-state form, on bf16x2 wgmma ----
-// The recompute (gdn_state_kernel, mode 2: S entering each chunk and Delta, as the hi/lo planes
-// bwd_chunk multiplies) runs beside the fp16 reverse pass. At 1x8192 the two cannot share one
-// round: 96 reverse-pass blocks and 192 recompute blocks (32-wide slices, 8 warps) meet 264 places
-// (session 18), so the pair costs the sum of its halves. This kernel computes the same quantities
-// per 64-wide slice with 4 warps (96 blocks at 1x8192: one round beside the reverse pass), the
-// state transposed in registers as in gdn_state16t_kernel, and every product in the bf16x2
-// precision of state_body (gdn_seq.cu): A = hi and lo bf16 fragments of S^T, Y^T and Delta'^T
+// ---- The backward's state recompute in the transposed register-state form, on bf16x2 wgmma
+// (v44; sm_90a, where rec16t_runs() in gated_delta.cu) ----
+// It computes what gdn_state_kernel's mode 2 does (S entering each chunk and Delta, as the hi/lo
+// planes bwd_chunk multiplies) per 64-wide slice with 4 warps, the state transposed in registers
+// as in gdn_state16t_kernel, and every product in the bf16x2 precision of state_body (gdn_seq.cu):
+// A = hi and lo bf16 fragments of S^T, Y^T and Delta'^T
 // from registers; B = raw bf16 k (exact), T's hi/lo planes from prep. Per chunk c:
 //   hs   <- S^T (entering c, split hi/lo)
 //   X^T   = S^T K^T                       (k raw; S hi + lo: 2 products)
@@ -1044,7 +1042,9 @@ __global__ void __launch_bounds__(kDhThreads, 2) gdn_dh16t_kernel(KParams p) {
 //   Dl   <- D^T (rows >= L selected to 0)
 //   S^T  <- e^{gam_L} S^T + (D^T diag(dec)) K   (dec = e^{gam_L - gam} rsK; hi + lo)
 // The row factors are prep16's (p.fx, p.dec), as for the reverse pass. Operands double-buffered,
-// one barrier per step. Other architectures: not launched (the body traps).
+// one barrier per step. Launched after the reverse pass, not beside it (gdn_backward). At 1x8192:
+// 0.40 ms alone (session 19) against 0.63 for gdn_state_kernel (session 18). Other architectures: not launched
+// (the body traps).
 constexpr int kRecVecF = 3 * C + 32;  // fb, fx, dec [64] each, then gam_L (padded to 128 bytes)
 constexpr size_t kRecBuf = ((size_t)(kKQ + 2 * kPL + kVT) * 2 + kRecVecF * sizeof(float) + 1023) / 1024 * 1024;
 struct RBuf {
@@ -1095,7 +1095,6 @@ __device__ __forceinline__ void rec_load(const RBuf& b, const KParams& p, int h,
   ld_slice_rows<false>(b.V, b.fb, b.fx, nullptr, b.dec, b.gl, p, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g, tid);
 }
 
-// As the reverse pass's programmatic dependent it waits for it before exiting (gdn_backward).
 __global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
 #if GDN_DH_WGMMA
   extern __shared__ __align__(128) unsigned char smraw0[];
@@ -1192,11 +1191,24 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
   }
   cp_async_wait<0>();
 #else
-  __trap();  // (launched only on sm_90a builds: gdn_backward)
+  __trap();  // (launched only where rec16t_runs(): gdn_backward)
 #endif
-  asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 size_t rec16t_smem_bytes() { return 2 * kRecBuf + (size_t)kTW * kStageEl * 2 + 1024; }
+// Whether the current device's image has gdn_rec16t_kernel's body (wgmma): the device pass's value
+// of gdn_rec16t_built. -DQRUN_GDN_NO_REC_T: never, so that the bf16x2 gdn_state_kernel recomputes
+// on sm_90a too (to test or time it).
+#if GDN_DH_WGMMA && !defined(QRUN_GDN_NO_REC_T)
+__device__ int gdn_rec16t_built = 1;
+#else
+__device__ int gdn_rec16t_built = 0;
+#endif
+cudaError_t rec16t_built(bool& built) {
+  int v = 0;
+  const cudaError_t e = cudaMemcpyFromSymbol(&v, gdn_rec16t_built, sizeof v);
+  built = v != 0;
+  return e;
+}
 
 int dh16t_threads() { return kDhThreads; }
 

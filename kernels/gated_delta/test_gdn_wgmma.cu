@@ -9,7 +9,7 @@
 //   swizzle: a [2][128][64] region of two column blocks (rows 0-63 "K", 64-127 "Q"), read K-major
 //   as X = A1 K^T and O = A1 Q^T (k = 128, both column blocks) and MN-major as S = A2 K (n = 128,
 //   k = 64: rows of K). The same three forms in bf16 (N = 64 and 128), as the backward's
-//   register-state recompute (-DQRUN_GDN_REC_T) uses them.
+//   register-state recompute (gdn_rec16t_kernel) uses them.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -80,7 +80,7 @@ int read_flag_free(int* d) {
 }
 
 // The forward's three uses of the RS form on one [2][128][64] region Bm (see the top); BF: the
-// same in bf16 (the backward's bf16x2 recompute, -DQRUN_GDN_REC_T, uses these forms).
+// same in bf16 (the backward's bf16x2 recompute, gdn_rec16t_kernel, uses these forms).
 template <bool BF>
 __device__ __forceinline__ uint16_t bits16(float x) {
   if constexpr (BF) return __bfloat16_as_ushort(__float2bfloat16_rn(x));

@@ -430,10 +430,10 @@ void register_all(Registrar& r) {
                       "(hi/lo bf16 planes, 16 significant bits)"),
              Field::choice("backward_operands", "auto", {"auto", "fp16", "bf16x2"})
                  .doc("operands of the backward's reverse pass (the state gradient): fp16 (scaled "
-                      "per product, 11 significant bits), bf16x2, or auto: fp16 when the batch has "
-                      "at least as many (sequence, value head, 64-wide V slice) items as the GPU "
-                      "has SMs, where it is the faster one (the other backward products are "
-                      "always bf16x2)")},
+                      "per product, 11 significant bits), bf16x2, or auto: fp16 on H100/H200 "
+                      "(sm_90, where it is faster at every batch shape), elsewhere fp16 when the "
+                      "batch has at least as many (sequence, value head, 64-wide V slice) items "
+                      "as the GPU has SMs (the other backward products are always bf16x2)")},
       [](const Config& c) {
         using Path = qrun::gdn::GdnProblem::BwdPath;
         const std::string bwd = c.get_optional_string("backward_operands").value_or("auto");

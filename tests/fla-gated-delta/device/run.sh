@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine call for the fla-gated-delta plugin: the GPU test (unit checks, `qrun check
-# linear_attention/fla-gated-delta` on the bf16 grid with a fresh seed, once more with
-# `--set backward_operands=fp16`, the qwen model packed ==
+# linear_attention/fla-gated-delta` on the bf16 grid with a fresh seed, once more
+# with `--set backward_operands=` the reverse pass that auto does not take, the qwen model packed ==
 # one-by-one == padded and vs gdn-reference, 8 AdamW steps with each backend) and the layer
 # benchmark at the 27B head config (SKIP_BENCH=1 leaves it out). Logs go to $OUT.
 #   bash tests/fla-gated-delta/device/run.sh [dev-dir]
