@@ -754,21 +754,21 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
   }
 }
 
-// An experiment, off by default (-DQRUN_GDN_DH_PRODUCERS; wgmma layout only): a producer warpgroup
-// (warps 4-7) that issues the chunk copies, which cost the compute warps about a fifth of each
-// step (phase clocks, session 18). The block stays at 128 registers per thread, so that it still
-// fits beside a block of the recompute: the producers give registers back (setmaxnreg) and the
-// compute warpgroup takes them. Measured slower (v42/v43a-b: backward 4x2048 2.43-2.46 against
-// 2.29 ms): the compute warps then wait at the step's barrier for the producers, which spill at 24
-// or 40 registers, instead of issuing the copies themselves.
-#if defined(QRUN_GDN_DH_PRODUCERS) && GDN_DH_LAYOUT
+// A producer warpgroup (warps 4-7; wgmma layout only, -DQRUN_GDN_NO_DH_PRODUCERS turns it off)
+// issues the chunk copies, which cost the compute warps about a fifth of each step (phase clocks,
+// session 18). Every thread may take up to 255 registers, so the block has an SM to itself: on
+// sm_90a nothing runs beside the reverse pass since v45 (v46, session 19: the 1x8192 pair of the
+// two passes 0.845 -> 0.820 ms, 4x2048 0.603 -> 0.593). Session 18 had kept the block at 128
+// registers per thread (setmaxnreg 24/232 or 40/216) to fit beside a recompute block; that was
+// slower than no producers (backward 4x2048 2.43-2.46 against 2.29 ms): the producers spilled
+// and the compute warps waited for them at the step's barrier.
+#if !defined(QRUN_GDN_NO_DH_PRODUCERS) && GDN_DH_LAYOUT
 constexpr bool kDhProducers = true;
 #else
 constexpr bool kDhProducers = false;
 #endif
 constexpr int kDhThreads = kDhProducers ? 2 * kTThreads : kTThreads;
-constexpr int kDhProdRegs = 24, kDhCompRegs = 232;
-static_assert(kDhProdRegs + kDhCompRegs == 2 * 128, "the block's 128 registers per thread, redistributed");
+constexpr int kDhBlocksPerSm = kDhProducers ? 1 : 2;
 
 // The backward's reverse pass with the gradient state in registers (the transposed layout of
 // gdn_state16t_kernel; dh_body in gdn_seq.cu is the bf16x2 form and has the derivation). dS^T: rows j
@@ -784,10 +784,11 @@ static_assert(kDhProdRegs + kDhCompRegs == 2 * 128, "the block's 128 registers p
 // row factors are double-buffered, so a step has one barrier (v43; until v42 the q tile was
 // single-buffered and waited for in the middle of the step; backward on fp16 operands 2.64 -> 2.57 ms
 // at 1x8192, 2.31 -> 2.29 at 4x2048, session 18). On sm_90a the recompute (gdn_rec16t_kernel)
-// runs after this kernel; elsewhere the block (127 KB) runs beside a block of the bf16x2 recompute
-// (gdn_state_kernel, launched right after this kernel as its programmatic dependent: the two
-// passes are independent, see gdn_backward), which leaves out its unused q tile for that.
-__global__ void __launch_bounds__(kDhThreads, 2) gdn_dh16t_kernel(KParams p) {
+// runs after this kernel. Elsewhere the bf16x2 recompute (gdn_state_kernel) is launched right after
+// it as its programmatic dependent (the two passes are independent, see gdn_backward) and leaves
+// out its unused q tile, so that without the producers (-DQRUN_GDN_NO_DH_PRODUCERS) a block of each
+// fits on one SM.
+__global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(KParams p) {
   // let a dependent recompute launch now (gdn_state_kernel, where gdn_rec16t_kernel does not run):
   // it takes the SM room this grid leaves
   asm volatile("griddepcontrol.launch_dependents;");
@@ -823,9 +824,6 @@ __global__ void __launch_bounds__(kDhThreads, 2) gdn_dh16t_kernel(KParams p) {
     cp_async_commit();
   };
   if (producer) {  // the producers' loop: the copies, and the barrier of each step
-#if GDN_DH_WGMMA
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kDhProdRegs));
-#endif
     first_copies();
     for (int64_t c = c_end - 1; c >= c_beg; --c) {
       cp_async_wait<0>();
@@ -838,9 +836,6 @@ __global__ void __launch_bounds__(kDhThreads, 2) gdn_dh16t_kernel(KParams p) {
     cp_async_wait<0>();
     return;
   }
-#if GDN_DH_WGMMA
-  if (kDhProducers) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kDhCompRegs));
-#endif
   if (!kDhProducers) first_copies();
   __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * buf_bytes(kDh)) + warp * kStageEl;
   const int64_t KV = (int64_t)DK * DV;
