@@ -247,7 +247,10 @@ Grads backward(const Inputs& in, const std::vector<double>& dO, const std::vecto
       }
     }
   gr.dg.assign(T * HV, 0.0); gr.dbeta.assign(T * HV, 0.0);
-  if (in.gate_fused) { gr.dA_log.assign(HV, 0.0); gr.ddt_bias.assign(HV, 0.0); }
+  if (in.gate_fused) {
+    gr.dA_log.assign(HV, 0.0); gr.ddt_bias.assign(HV, 0.0);
+    gr.dA_log_terms.assign(HV, 0.0); gr.ddt_bias_terms.assign(HV, 0.0);
+  }
   for (int64_t t = 0; t < T; ++t)
     for (int hv = 0; hv < HV; ++hv) {
       const int64_t i = t * HV + hv;
@@ -255,6 +258,7 @@ Grads backward(const Inputs& in, const std::vector<double>& dO, const std::vecto
         const double x = in.a[i] + in.dt_bias[hv];
         const double da = dge[i] * -std::exp(in.A_log[hv]) * softplus_grad(x);
         gr.dg[i] = da; gr.ddt_bias[hv] += da; gr.dA_log[hv] += dge[i] * p.ge[i];
+        gr.ddt_bias_terms[hv] += std::abs(da); gr.dA_log_terms[hv] += std::abs(dge[i] * p.ge[i]);
       } else {
         gr.dg[i] = dge[i];
       }

@@ -36,6 +36,9 @@ struct Grads {
   std::vector<double> dg;       // [T,HV] d/dg, or d/da when gate_fused
   std::vector<double> dbeta;    // [T,HV] d/dbeta, or d/db when beta_sigmoid
   std::vector<double> dA_log, ddt_bias;  // [HV] (gate_fused)
+  // [HV] (gate_fused): the sizes of their terms, sum over tokens of |term| (the scale a summed
+  // gradient is judged against when its terms cancel; framework/check.cpp Note [Summed gradients])
+  std::vector<double> dA_log_terms, ddt_bias_terms;
   std::vector<double> dh0;      // [N,HV,K,V]
 };
 

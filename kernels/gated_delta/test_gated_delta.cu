@@ -119,7 +119,8 @@ Err compare(const std::vector<double>& x, const std::vector<double>& ref) {
   return e;
 }
 
-// worst: the largest relative error of the fp32 outputs (judged against kTol); worst_b: of the
+// worst: the largest relative error of the fp32 outputs judged against kTol (a summed gradient
+// that passes on the size of its terms instead is left out; its line shows tm); worst_b: of the
 // bf16-stored outputs, the largest error beyond their storage rounding (judged against 1e-3).
 int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
   std::mt19937_64 rng(seed);
@@ -299,7 +300,11 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
   cudaFree(d_fell_b);
   const bool bwd_ok = fell_b == (!bf16x2_bwd && cs.want_bwd_fallback && T > 0 ? 1 : 0);
 
-  struct Item { const char* name; std::vector<double> got; const std::vector<double>* ref; bool bf16; };
+  // terms (summed gradients only): the sizes of the sums' terms, see the judging loop below
+  struct Item {
+    const char* name; std::vector<double> got; const std::vector<double>* ref; bool bf16;
+    const std::vector<double>* terms = nullptr;
+  };
   const bool gb = cs.grad == DType::BF16;
   std::vector<Item> items;
   std::vector<double> o_rows = download(d_o, nOb, DType::BF16), o_all(nO);
@@ -344,8 +349,8 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
   items.push_back({cs.gate_fused ? "da" : "dg", download(io.dg, T * HV, DType::F32), &rg.dg, false});
   items.push_back({cs.beta_sigmoid ? "db" : "dbeta", download(io.dbeta, T * HV, DType::F32), &rg.dbeta, false});
   if (cs.gate_fused) {
-    items.push_back({"dA_log", download(io.dA_log, HV, DType::F32), &rg.dA_log, false});
-    items.push_back({"ddt_bias", download(io.ddt_bias, HV, DType::F32), &rg.ddt_bias, false});
+    items.push_back({"dA_log", download(io.dA_log, HV, DType::F32), &rg.dA_log, false, &rg.dA_log_terms});
+    items.push_back({"ddt_bias", download(io.ddt_bias, HV, DType::F32), &rg.ddt_bias, false, &rg.ddt_bias_terms});
   }
   items.push_back({"dh0", download(io.d_initial_state, nS, DType::F32), &rg.dh0, false});
   bool ok = fwd_ok && bwd_ok;
@@ -379,13 +384,29 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
       const double floor = compare(rref, *it.ref).rel;
       beyond = std::sqrt(std::max(0.0, e.rel * e.rel - floor * floor));
     }
-    const bool pass = e.nans == 0 && (e.rel <= kTol || (rr >= 0 && rr <= 2e-4) || (beyond >= 0 && beyond <= 1e-3));
+    // Summed gradients (dA_log, ddt_bias: sums over every token of a value head) also pass when
+    // their error is within kTol / 10 of the size of their terms (||got - ref|| / ||sum |term|||;
+    // tm is printed). Strong decays cancel them: hv3_strong_decay_fused at base seed
+    // 492719188151425077 gives ddt_bias 2.1e-3 relative to a value ~100x below its terms, with
+    // the per-token da at 1.7e-5 (session 19; the same with either state recompute).
+    double tm = -1;
+    if (it.terms) {
+      double num = 0, den = 0;
+      for (size_t i = 0; i < it.got.size(); ++i) {
+        num += (it.got[i] - (*it.ref)[i]) * (it.got[i] - (*it.ref)[i]);
+        den += (*it.terms)[i] * (*it.terms)[i];
+      }
+      tm = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    }
+    const bool pass = e.nans == 0 && (e.rel <= kTol || (rr >= 0 && rr <= 2e-4) || (beyond >= 0 && beyond <= 1e-3) ||
+                                      (tm >= 0 && tm <= kTol / 10));
     ok = ok && pass;
     if (e.nans) worst = 1e30;
     else if (it.bf16) worst_b = std::max(worst_b, beyond);
-    else worst = std::max(worst, e.rel);
+    else if (!(tm >= 0 && e.rel > kTol)) worst = std::max(worst, e.rel);  // (else judged by tm)
     if (e.nans) std::snprintf(buf, sizeof buf, " %s=NaNx%zu", it.name, e.nans);
     else if (rr >= 0) std::snprintf(buf, sizeof buf, " %s=%.1e(r%.0e)%s", it.name, e.rel, rr, pass ? "" : "!");
+    else if (tm >= 0 && e.rel > kTol) std::snprintf(buf, sizeof buf, " %s=%.1e(tm%.0e)%s", it.name, e.rel, tm, pass ? "" : "!");
     else std::snprintf(buf, sizeof buf, " %s=%.1e%s", it.name, e.rel, pass ? "" : "!");
     line += buf;
   }

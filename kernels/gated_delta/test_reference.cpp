@@ -103,6 +103,19 @@ int main() {
                             {c.sig ? "db" : "dbeta", &ref::Inputs::beta, &gr.dbeta}};
     if (c.gate) { chk.push_back({"dA_log", &ref::Inputs::A_log, &gr.dA_log}); chk.push_back({"ddt_bias", &ref::Inputs::dt_bias, &gr.ddt_bias}); }
     if (c.h0) chk.push_back({"dh0", &ref::Inputs::h0, &gr.dh0});
+    if (c.gate) {
+      // the summed gradients' term sizes: sum_t |da_t| for ddt_bias (its terms are the da the
+      // finite differences check), and at least |dA_log| for dA_log
+      bool ok = gr.ddt_bias_terms.size() == (size_t)c.HV && gr.dA_log_terms.size() == (size_t)c.HV;
+      for (int h = 0; ok && h < c.HV; ++h) {
+        double s = 0;
+        for (int64_t t = 0; t < in.T; ++t) s += std::abs(gr.dg[t * c.HV + h]);
+        ok = std::abs(gr.ddt_bias_terms[h] - s) <= 1e-12 * s && gr.dA_log_terms[h] >= std::abs(gr.dA_log[h]) &&
+             gr.dA_log_terms[h] > 0;
+      }
+      std::printf("%s terms of dA_log, ddt_bias T=%lld HV=%d\n", ok ? "PASS" : "FAIL", (long long)in.T, c.HV);
+      fails += !ok;
+    }
     for (auto& k : chk) {
       const double e = rel(*k.an, fd(k.f));
       const bool ok = e < 1e-6;
