@@ -62,7 +62,7 @@ int64_t bwd_chunk_slots(const GdnProblem& p) {
 }
 
 struct Layout {
-  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, gacc, part, total_fwd, total_bwd;
+  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, gacc, part, prog, total_fwd, total_bwd;
 };
 
 Layout layout(const GdnProblem& p) {
@@ -93,6 +93,9 @@ Layout layout(const GdnProblem& p) {
   l.dDl = take(NT * HV * C * DV * planes);
   l.gacc = take((size_t)bwd_chunk_slots(p) * 2 * C * DK * f);
   l.part = take(NT * HV * 2 * f);
+#ifdef QRUN_GDN_BWD_STREAM
+  l.prog = take(((size_t)p.num_seqs * HV * 2 + 1) * sizeof(int32_t));
+#endif
   l.total_bwd = off;
   return l;
 }
@@ -149,6 +152,9 @@ KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
     k.dDl = reinterpret_cast<__nv_bfloat16*>(w + l.dDl);
     k.gacc = reinterpret_cast<float*>(w + l.gacc);
     k.part = reinterpret_cast<float*>(w + l.part);
+#ifdef QRUN_GDN_BWD_STREAM
+    k.prog = reinterpret_cast<int*>(w + l.prog);
+#endif
   }
   return k;
 }
@@ -178,6 +184,24 @@ int sm_count() {
     cache[dev & 63].store(n, std::memory_order_relaxed);
   }
   return n;
+}
+
+// Launches kernel<<<grid, threads, smem, s>>>(args...) as the programmatic dependent of the kernel
+// before it on s (it may start once every block of that one has run griddepcontrol.launch_dependents).
+template <class... KArgs, class... Args>
+void launch_dependent(cudaStream_t s, unsigned grid, unsigned threads, size_t smem, void (*kernel)(KArgs...),
+                      const char* name, Args... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.stream = s;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, args...), name);
 }
 
 // Whether the backward's register-state recompute (gdn_rec16t_kernel, wgmma only) runs on the
@@ -404,6 +428,31 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
                     (p.backward_path == Path::Fp16 ||
                      (p.backward_path == Path::Auto &&
                       (rec16t_runs() || p.num_seqs * p.HV * seq_t_slices() >= sm_count())));
+  // The bf16x2 state recompute and reverse pass (gdn_state_dh_kernel): the whole backward's on the
+  // bf16x2 path; the fast path's fallback for the flagged (sequence, value head)s (k.run_if set:
+  // everything else returns at once).
+  const auto fallbacks = [&] {
+    launch_common_fwd(k, p, s, pr, kPrepHL);
+    if (p.num_seqs > 0) {
+      const int64_t nseq = p.num_seqs * p.HV * NVS;
+      set_smem(gdn_state_dh_kernel, seq_smem_bytes(), 2);
+      gdn_state_dh_kernel<<<grid1d(2 * nseq, "state+dh"), 256, seq_smem_bytes(), s>>>(k, nseq);
+      check_launch("gdn_state_dh_kernel");
+      pr.mark(k.run_if ? "fallback (not taken: returns)" : "state(recompute h) + dh");
+    }
+  };
+  // An experiment (-DQRUN_GDN_BWD_STREAM, sm_90a, written in session 19, not yet run): bwd_chunk
+  // starts beside the recompute, as its programmatic dependent, on the SMs the recompute leaves
+  // (at 1x8192 36 of 132 for 0.40 ms), and takes the (chunk, key head) groups in chunk order from a
+  // counter, each once the recompute has finished that chunk for the group's value heads
+  // (k.prog). For that the fallbacks run first, and the reverse pass and the recompute leave the
+  // flagged (sequence, value head)s to them.
+#ifdef QRUN_GDN_BWD_STREAM
+  const bool streamed = fast && p.num_seqs > 0 && p.num_chunks > 0 && rec16t_runs();
+#else
+  const bool streamed = false;
+#endif
+  k.stream = streamed;
   if (fast) {
     // The fast backward: the reverse pass (the state gradient, the longest sequential pass) on fp16
     // operands that it scales itself (gdn_dh16t_kernel), and the state recompute in bf16x2
@@ -414,7 +463,14 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     // forward; flagged (sequence, value head)s are redone by the bf16x2 launches below, which
     // return at once everywhere else.
     check_cuda(cudaMemsetAsync(k.f16_bad, 0, ((size_t)p.num_seqs * p.HV + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
+    if (streamed)
+      check_cuda(cudaMemsetAsync(k.prog, 0, ((size_t)p.num_seqs * p.HV * 2 + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
     launch_common_fwd(k, p, s, pr, kPrepB16);
+    if (streamed) {  // the fallbacks first (see `streamed` above); nothing between recompute and bwd_chunk
+      k.run_if = k.f16_bad;
+      fallbacks();
+      report_fallback(io.fell_back, k, p, s);
+    }
     if (p.num_seqs > 0) {
       const int64_t blocks = p.num_seqs * p.HV * seq_t_slices();
       set_smem(gdn_dh16t_kernel, dh16t_smem_bytes(), 8);
@@ -434,39 +490,29 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
         // dependent: its blocks fill the SM room the reverse pass leaves (session 18: at 1x8192
         // that beat running the two one after the other), and it waits for the reverse pass
         // before it exits (griddepcontrol.wait), so that bwd_chunk, launched after it, sees both.
-        cudaLaunchConfig_t cfg{};
-        cfg.stream = s;
-        cudaLaunchAttribute attr{};
-        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr.val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
         set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
-        cfg.gridDim = dim3(grid1d(p.num_seqs * p.HV * NVS, "state"));
-        cfg.blockDim = dim3(256);
-        cfg.dynamicSmemBytes = seq_smem_bytes_noq();  // (mode 2 leaves the q tile out)
-        check_cuda(cudaLaunchKernelEx(&cfg, gdn_state_kernel, k, 2), "gdn_state_kernel (recompute)");
+        launch_dependent(s, grid1d(p.num_seqs * p.HV * NVS, "state"), 256, seq_smem_bytes_noq(),  // (mode 2: no q tile)
+                         gdn_state_kernel, "gdn_state_kernel (recompute)", k, 2);
       }
       pr.mark("dh (fp16) + state(recompute h)");
     }
     k.run_if = k.f16_bad;
   }
-  launch_common_fwd(k, p, s, pr, kPrepHL);
-  if (p.num_seqs > 0) {
-    const int64_t nseq = p.num_seqs * p.HV * NVS;
-    set_smem(gdn_state_dh_kernel, seq_smem_bytes(), 2);
-    gdn_state_dh_kernel<<<grid1d(2 * nseq, "state+dh"), 256, seq_smem_bytes(), s>>>(k, nseq);
-    check_launch("gdn_state_dh_kernel");
-    pr.mark(k.run_if ? "fallback (not taken: returns)" : "state(recompute h) + dh");
+  if (!streamed) {
+    fallbacks();
+    report_fallback(io.fell_back, k, p, s);
   }
-  report_fallback(io.fell_back, k, p, s);
   if (p.num_chunks > 0) {
     set_smem(gdn_bwd_chunk_kernel, bwd_smem_bytes(), 3);
     // persistent: one block per SM (shared memory allows no second), groups in launch order
     const int64_t slots = bwd_chunk_slots(p);
     const int64_t blocks = slots < sm_count() ? slots : sm_count();
-    gdn_bwd_chunk_kernel<<<grid1d(blocks, "bwd_chunk"), 512, bwd_smem_bytes(), s>>>(k);
-    check_launch("gdn_bwd_chunk_kernel");
+    if (streamed) {
+      launch_dependent(s, grid1d(blocks, "bwd_chunk"), 512, bwd_smem_bytes(), gdn_bwd_chunk_kernel, "gdn_bwd_chunk_kernel", k);
+    } else {
+      gdn_bwd_chunk_kernel<<<grid1d(blocks, "bwd_chunk"), 512, bwd_smem_bytes(), s>>>(k);
+      check_launch("gdn_bwd_chunk_kernel");
+    }
     pr.mark("bwd_chunk");
   }
   if (p.gate_fused && (io.dA_log || io.ddt_bias)) {

@@ -805,6 +805,9 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
   const SeqBlock sb = seq_block(p, blockIdx.x, kTNS);
   const int vs = sb.vs, hv = sb.hv, h = sb.h;
   const int64_t n = sb.n;
+#ifdef QRUN_GDN_BWD_STREAM
+  if (p.stream && p.f16_bad[n * p.HV + hv]) return;  // the fallback, run before, has its dS and dDelta
+#endif
   const int v0 = vs * kTV, j0 = 16 * warp;
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
@@ -1097,6 +1100,15 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
   const SeqBlock sb = seq_block(p, blockIdx.x, kTNS);
   const int vs = sb.vs, hv = sb.hv, h = sb.h;
   const int64_t n = sb.n;
+#ifdef QRUN_GDN_BWD_STREAM
+  // (bwd_chunk, this kernel's programmatic dependent, waits on the progress counts, gdn_backward)
+  asm volatile("griddepcontrol.launch_dependents;");
+  int* const prog = p.stream ? p.prog + (n * p.HV + hv) * kTNS + vs : nullptr;
+  if (prog && p.f16_bad[n * p.HV + hv]) {  // the fallback, run before, has its S and Delta
+    if (threadIdx.x == 0) prog_publish(prog, (int)(p.coff[n + 1] - p.coff[n]));
+    return;
+  }
+#endif
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int v0 = vs * kTV, j0 = 16 * warp;
   __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * kRecBuf) + warp * kStageEl;
@@ -1116,6 +1128,9 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
     cp_async_wait<0>();
     wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
     __syncthreads();   // chunk c's operands landed; everyone is done with chunk c-1's buffer
+#ifdef QRUN_GDN_BWD_STREAM
+    if (prog && threadIdx.x == 0 && c > c_beg) prog_publish(prog, (int)(c - c_beg));  // chunks < c stored
+#endif
     if (c + 1 < c_end) rec_load(rbuf(smraw, (int)((c + 1) & 1)), p, h, hv, v0, chunk_geo(c + 1, c_beg, bos, eos), tid);
     cp_async_commit();
     store_planes_t<16>(p.hs + slice_planes(c, p.HV, hv, vsl, DK), st, cw, lane, stage);  // S entering c
@@ -1185,6 +1200,12 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
     wg::pin(st);
   }
   cp_async_wait<0>();
+#ifdef QRUN_GDN_BWD_STREAM
+  if (prog) {
+    __syncthreads();  // every thread's stores of the last chunk
+    if (threadIdx.x == 0) prog_publish(prog, (int)(c_end - c_beg));
+  }
+#endif
 #else
   __trap();  // (launched only where rec16t_runs(): gdn_backward)
 #endif
