@@ -1041,8 +1041,8 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
 //   S^T  <- e^{gam_L} S^T + (D^T diag(dec)) K   (dec = e^{gam_L - gam} rsK; hi + lo)
 // The row factors are prep16's (p.fx, p.dec), as for the reverse pass. Operands double-buffered,
 // one barrier per step. Launched after the reverse pass, not beside it (gdn_backward). At 1x8192:
-// 0.40 ms alone (session 19) against 0.63 for gdn_state_kernel (session 18). Other architectures: not launched
-// (the body traps).
+// 0.40 ms alone (session 19) against 0.63 for gdn_state_kernel (session 18). Other architectures:
+// not launched (the body traps).
 constexpr int kRecVecF = 3 * C + 32;  // fb, fx, dec [64] each, then gam_L (padded to 128 bytes)
 constexpr size_t kRecBuf = ((size_t)(kKQ + 2 * kPL + kVT) * 2 + kRecVecF * sizeof(float) + 1023) / 1024 * 1024;
 struct RBuf {
