@@ -32,6 +32,7 @@ size_t dh16t_smem_bytes();
 int dh16t_threads();
 __global__ void gdn_rec16t_kernel(KParams p);
 size_t rec16t_smem_bytes();
+int rec16t_threads();
 cudaError_t rec16t_built(bool& built);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
 size_t seq_smem_bytes();
@@ -483,7 +484,7 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
         // programmatic dependent (0.89 ms the other way round) and 0.85 ms one after the other,
         // against 0.46 + 0.40 ms alone (session 19).
         set_smem(gdn_rec16t_kernel, rec16t_smem_bytes(), 9);
-        gdn_rec16t_kernel<<<grid1d(blocks, "state"), 128, rec16t_smem_bytes(), s>>>(k);
+        gdn_rec16t_kernel<<<grid1d(blocks, "state"), rec16t_threads(), rec16t_smem_bytes(), s>>>(k);
         check_launch("gdn_rec16t_kernel");
       } else {
         // The bf16x2 recompute (256 threads per 32-wide slice) as the reverse pass's programmatic

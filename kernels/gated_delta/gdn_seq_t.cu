@@ -1093,7 +1093,16 @@ __device__ __forceinline__ void rec_load(const RBuf& b, const KParams& p, int h,
   ld_slice_rows<false>(b.V, b.fb, b.fx, nullptr, b.dec, b.gl, p, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g, tid);
 }
 
-__global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
+// -DQRUN_GDN_REC_PRODUCERS (v48, an experiment written in session 19, not yet run): a producer
+// warpgroup issues the copies, as in the reverse pass (v46); 256 threads, one block per SM, so at
+// 4x2048 (384 blocks) it gives up the second block per SM that the 128-thread form has.
+#ifdef QRUN_GDN_REC_PRODUCERS
+constexpr bool kRecProducers = true;
+#else
+constexpr bool kRecProducers = false;
+#endif
+constexpr int kRecThreads = kRecProducers ? 2 * kTThreads : kTThreads;
+__global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t_kernel(KParams p) {
 #if GDN_DH_WGMMA
   extern __shared__ __align__(128) unsigned char smraw0[];
   unsigned char* const smraw = smraw0 + ((1024u - (smem_u32(smraw0) & 1023u)) & 1023u);
@@ -1111,28 +1120,50 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
 #endif
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int v0 = vs * kTV, j0 = 16 * warp;
+  const int64_t bos = p.cu[n], eos = p.cu[n + 1];
+  const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
+  // the step's barrier: with producers the roles reach it from different code, so the
+  // non-.aligned form (as in the reverse pass)
+  const auto sync = [] {
+    if constexpr (kRecProducers) asm volatile("barrier.sync 0;\n" ::: "memory");
+    else __syncthreads();
+  };
+  // chunk c's operands into buffer c & 1 (thread index ltid of the copying threads), committed
+  const auto load = [&](int64_t c, int ltid) {
+    if (c < c_end) rec_load(rbuf(smraw, (int)(c & 1)), p, h, hv, v0, chunk_geo(c, c_beg, bos, eos), ltid);
+    cp_async_commit();
+  };
+  if (kRecProducers && tid >= kTThreads) {  // the producers: the copies and each step's barrier
+    load(c_beg, tid - kTThreads);
+    for (int64_t c = c_beg; c < c_end; ++c) {
+      cp_async_wait<0>();
+      wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
+      sync();            // chunk c's operands landed; everyone is done with chunk c-1's buffer
+      load(c + 1, tid - kTThreads);
+    }
+    cp_async_wait<0>();
+    return;
+  }
   __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * kRecBuf) + warp * kStageEl;
   const int64_t KV = (int64_t)DK * DV;
   int vsl, cw;
   bwd_slice(v0, j0, vsl, cw);
   float st[16][4];  // S^T (state_t_load's layout)
   state_t_load(st, p.h0 ? p.h0 + (n * p.HV + hv) * KV + v0 + j0 : nullptr, lane);
-  const int64_t bos = p.cu[n], eos = p.cu[n + 1];
-  const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  if (c_beg < c_end) rec_load(rbuf(smraw, (int)(c_beg & 1)), p, h, hv, v0, chunk_geo(c_beg, c_beg, bos, eos), tid);
-  cp_async_commit();
+  if (!kRecProducers) load(c_beg, tid);
   for (int64_t c = c_beg; c < c_end; ++c) {
     const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
     const int L = g.L;
     const RBuf b = rbuf(smraw, (int)(c & 1));
-    cp_async_wait<0>();
-    wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
-    __syncthreads();   // chunk c's operands landed; everyone is done with chunk c-1's buffer
+    if (!kRecProducers) {
+      cp_async_wait<0>();
+      wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
+    }
+    sync();  // chunk c's operands landed; everyone is done with chunk c-1's buffer
 #ifdef QRUN_GDN_BWD_STREAM
     if (prog && threadIdx.x == 0 && c > c_beg) prog_publish(prog, (int)(c - c_beg));  // chunks < c stored
 #endif
-    if (c + 1 < c_end) rec_load(rbuf(smraw, (int)((c + 1) & 1)), p, h, hv, v0, chunk_geo(c + 1, c_beg, bos, eos), tid);
-    cp_async_commit();
+    if (!kRecProducers) load(c + 1, tid);
     store_planes_t<16>(p.hs + slice_planes(c, p.HV, hv, vsl, DK), st, cw, lane, stage);  // S entering c
     // X^T = S^T K^T: A = S^T's hi and lo fragments (k-block kk: n8 tiles 2kk, 2kk+1 of the state)
     float x[8][4];
@@ -1202,7 +1233,7 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
   cp_async_wait<0>();
 #ifdef QRUN_GDN_BWD_STREAM
   if (prog) {
-    __syncthreads();  // every thread's stores of the last chunk
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kTThreads) : "memory");  // the compute warps' last stores
     if (threadIdx.x == 0) prog_publish(prog, (int)(c_end - c_beg));
   }
 #endif
@@ -1211,6 +1242,7 @@ __global__ void __launch_bounds__(kTThreads, 2) gdn_rec16t_kernel(KParams p) {
 #endif
 }
 size_t rec16t_smem_bytes() { return 2 * kRecBuf + (size_t)kTW * kStageEl * 2 + 1024; }
+int rec16t_threads() { return kRecThreads; }
 // Whether the current device's image has gdn_rec16t_kernel's body (wgmma): the device pass's value
 // of gdn_rec16t_built. -DQRUN_GDN_NO_REC_T: never, so that the bf16x2 gdn_state_kernel recomputes
 // on sm_90a too (to test or time it).
