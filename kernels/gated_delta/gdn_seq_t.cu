@@ -754,6 +754,30 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
   }
 }
 
+// A register-state block's step barrier. With producers the two roles reach it from different
+// code, so it is the non-.aligned form (a __syncthreads there would be undefined).
+template <bool PRODUCERS>
+__device__ __forceinline__ void step_barrier() {
+  if constexpr (PRODUCERS) asm volatile("barrier.sync 0;\n" ::: "memory");
+  else __syncthreads();
+}
+// The producer warps' loop over the chunks c from c_first towards c_stop (DIR = +1: up to
+// c_stop - 1; -1: down to c_stop), their first copies issued by the caller: at each step, wait for
+// their own copies, make them visible to wgmma, meet the compute warps at the step's barrier, then
+// issue the copies that copy_after(c) names.
+template <int DIR, class F>
+__device__ __forceinline__ void producer_steps(int64_t c_first, int64_t c_stop, F&& copy_after) {
+  for (int64_t c = c_first; DIR > 0 ? c < c_stop : c >= c_stop; c += DIR) {
+    cp_async_wait<0>();
+#if GDN_DH_WGMMA
+    wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
+#endif
+    step_barrier<true>();  // chunk c's operands landed; everyone is done with the other buffer
+    copy_after(c);
+  }
+  cp_async_wait<0>();
+}
+
 // A producer warpgroup (warps 4-7; wgmma layout only, -DQRUN_GDN_NO_DH_PRODUCERS turns it off)
 // issues the chunk copies, which cost the compute warps about a fifth of each step (phase clocks,
 // session 18). Every thread may take up to 255 registers, so the block has an SM to itself: on
@@ -811,12 +835,6 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
   const int v0 = vs * kTV, j0 = 16 * warp;
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  // the step's barrier: with producers the roles reach it from different code, so the
-  // non-.aligned form (a __syncthreads there would be undefined)
-  const auto sync = [] {
-    if constexpr (kDhProducers) asm volatile("barrier.sync 0;\n" ::: "memory");
-    else __syncthreads();
-  };
   // step c's copies: chunk c-1's operands, into the other buffer
   const auto copies = [&](int64_t c) {
     if (c > c_beg) t_load<kDh>(tbuf<kDh>(smraw, (int)((c - 1) & 1)), p, h, hv, v0, chunk_geo(c - 1, c_beg, bos, eos), ptid);
@@ -826,17 +844,9 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
     if (c_beg < c_end) t_load<kDh>(tbuf<kDh>(smraw, (int)((c_end - 1) & 1)), p, h, hv, v0, chunk_geo(c_end - 1, c_beg, bos, eos), ptid);
     cp_async_commit();
   };
-  if (producer) {  // the producers' loop: the copies, and the barrier of each step
+  if (producer) {  // the producers: the copies, and the barrier of each step
     first_copies();
-    for (int64_t c = c_end - 1; c >= c_beg; --c) {
-      cp_async_wait<0>();
-#if GDN_DH_WGMMA
-      wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
-#endif
-      sync();  // chunk c's operands landed; everyone is done with chunk c+1's buffer
-      copies(c);
-    }
-    cp_async_wait<0>();
+    producer_steps<-1>(c_end - 1, c_beg, copies);
     return;
   }
   if (!kDhProducers) first_copies();
@@ -856,7 +866,7 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
       wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
 #endif
     }
-    sync();  // chunk c's operands landed; everyone is done with chunk c+1's buffer
+    step_barrier<kDhProducers>();  // chunk c's operands landed; everyone is done with chunk c+1's buffer
     GDN_PH(15);
     if (!kDhProducers) copies(c);
     GDN_PH(8);
@@ -1122,12 +1132,6 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
   const int v0 = vs * kTV, j0 = 16 * warp;
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
-  // the step's barrier: with producers the roles reach it from different code, so the
-  // non-.aligned form (as in the reverse pass)
-  const auto sync = [] {
-    if constexpr (kRecProducers) asm volatile("barrier.sync 0;\n" ::: "memory");
-    else __syncthreads();
-  };
   // chunk c's operands into buffer c & 1 (thread index ltid of the copying threads), committed
   const auto load = [&](int64_t c, int ltid) {
     if (c < c_end) rec_load(rbuf(smraw, (int)(c & 1)), p, h, hv, v0, chunk_geo(c, c_beg, bos, eos), ltid);
@@ -1135,13 +1139,7 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
   };
   if (kRecProducers && tid >= kTThreads) {  // the producers: the copies and each step's barrier
     load(c_beg, tid - kTThreads);
-    for (int64_t c = c_beg; c < c_end; ++c) {
-      cp_async_wait<0>();
-      wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
-      sync();            // chunk c's operands landed; everyone is done with chunk c-1's buffer
-      load(c + 1, tid - kTThreads);
-    }
-    cp_async_wait<0>();
+    producer_steps<1>(c_beg, c_end, [&](int64_t c) { load(c + 1, tid - kTThreads); });
     return;
   }
   __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * kRecBuf) + warp * kStageEl;
@@ -1159,7 +1157,7 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
       cp_async_wait<0>();
       wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
     }
-    sync();  // chunk c's operands landed; everyone is done with chunk c-1's buffer
+    step_barrier<kRecProducers>();  // chunk c's operands landed; everyone is done with chunk c-1's buffer
 #ifdef QRUN_GDN_BWD_STREAM
     if (prog && threadIdx.x == 0 && c > c_beg) prog_publish(prog, (int)(c - c_beg));  // chunks < c stored
 #endif
