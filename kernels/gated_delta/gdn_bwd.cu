@@ -15,6 +15,12 @@
 #else
 #define GDN_BWD_WGMMA 0
 #endif
+// The WY part's products on wgmma too (v49; -DQRUN_GDN_NO_WY_WGMMA: on mma.sync, same layout)
+#if GDN_BWD_WGMMA && !defined(QRUN_GDN_NO_WY_WGMMA)
+#define GDN_BWD_WY 1
+#else
+#define GDN_BWD_WY 0
+#endif
 
 namespace qrun::gdn::detail {
 GDN_PH_DECL
@@ -27,24 +33,75 @@ constexpr int CPL = C * BV;   // one [64][BV] plane
 // [2][64][BV], raw dO and v slices [64][BV], each 64-byte swizzled (wg::sw64, the layout of the
 // wgmma operands). The V loop double-buffers it.
 constexpr int kSliceEl = 4 * SPL + 6 * CPL;
-constexpr int LDW = DK + 8;   // dW plane row stride (bf16)
+// The raw q/k tiles and the dW planes are [64][128] bf16 matrices as two [64][64] column blocks in
+// the 128-byte swizzle (wg::el128), the layout of the WY part's wgmma operands; the [64][64]
+// planes (T, XpA, XpB, dT) are swz<64> planes, the same layout as one block.
+struct Qk128 {
+  __device__ __forceinline__ int operator()(int r, int c) const { return wg::el128(r, c); }
+};
+// The same offsets at one lane's accumulator positions of the 16 x 32 tile at (r0, c0) (r0 % 8,
+// c0 % 32 == 0), taking the tile-local (r, cc) of for_frag / frag_rowdot (r = gq + 8h,
+// cc = 8n + 2tq + u): the swizzled chunk is x ^ n with x formed once, so each position costs a
+// few instructions instead of el128's full form (which made the WY part's register pressure
+// spill).
+struct FragQk {
+  int base, x;
+  __device__ __forceinline__ FragQk(int r0, int c0, int gq, int tq)
+      : base((c0 >> 6) * 64 * 64 + (r0 + gq) * 64 + 2 * tq), x(((c0 >> 3) & 7) ^ gq) {}
+  __device__ __forceinline__ int operator()(int r, int cc) const {
+    return base + (r >> 3) * 8 * 64 + (((x ^ (cc >> 3)) & 7) << 3) + (cc & 1);
+  }
+};
+constexpr int kQkF = C * DK;  // Kb and Qb (floats)
+constexpr int kDwF = C * DK;  // the dW hi/lo planes (floats)
 // post-loop view of the union (floats): KK, Pg, dT scratch; XpA, XpB plane pairs; dW planes; M1, G
-constexpr int kPostF = 3 * C * LDC + 2 * C * C + C * LDW + 2 * C * LDC;
+constexpr int kPostF = 3 * C * LDC + 2 * C * C + kDwF + 2 * C * LDC;
 constexpr int kUnion = (kSliceEl > kPostF) ? kSliceEl : kPostF;  // two bf16 slice buffers = kSliceEl floats
-constexpr int kBwdSmemF = C * LDKB + 2 * C + C * C + kUnion + 26 * C + 8;
+constexpr int kBwdSmemF = kQkF + C * C + kUnion + 28 * C + 8;
 
-// (the swizzled slice planes must start on 512-byte boundaries)
-static_assert((C * LDKB + 2 * C + C * C) * 4 % 512 == 0 && kSliceEl * 2 % 512 == 0 && SPL * 2 % 512 == 0 &&
+// wgmma operands with the 128-byte swizzle start on 1024-byte boundaries (the q/k tiles, T planes,
+// XpA, XpB, dW and dT planes); the 64-byte-swizzled slice planes on 512-byte ones.
+static_assert(kQkF * 4 % 1024 == 0 && (kQkF + C * C) * 4 % 1024 == 0 && 3 * C * LDC * 4 % 1024 == 0 &&
+                  (3 * C * LDC + 2 * C * C + kDwF) * 4 % 1024 == 0 && kSliceEl * 2 % 512 == 0 && SPL * 2 % 512 == 0 &&
                   CPL * 2 % 512 == 0,
-              "slice plane alignment");
+              "operand alignment");
 size_t bwd_smem_bytes() { return (size_t)kBwdSmemF * sizeof(float); }
+
+#if GDN_BWD_WY
+// acc += A B over k = 16 KS (the WY part's products, one per warpgroup: rows 0-63, the columns of
+// the descriptor b), A and B in the 128-byte swizzle (wg::k128 K-major, wg::mn128 MN-major when
+// TA/TB). ALO/BLO: byte offset of the operand's lo plane (hi/lo split operand: 2 or 3 terms as
+// mma16 forms them), 0 for an exact raw operand. Issued only: the caller fences, commits and waits.
+template <int TA, int TB, int KS, uint32_t ALO, uint32_t BLO, int NT>
+__device__ __forceinline__ void wy_mma(float (&acc)[NT][4], uint64_t a, uint64_t b) {
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) {
+    const uint32_t sa = TA ? kk * wg::kMn128Step : wg::k128_step(kk), sb = TB ? kk * wg::kMn128Step : wg::k128_step(kk);
+    if constexpr (ALO != 0) wg::mma_ss<TA, TB>(acc, wg::desc_add(a, sa + ALO), wg::desc_add(b, sb));
+    if constexpr (BLO != 0) wg::mma_ss<TA, TB>(acc, wg::desc_add(a, sa), wg::desc_add(b, sb + BLO));
+    wg::mma_ss<TA, TB>(acc, wg::desc_add(a, sa), wg::desc_add(b, sb));
+  }
+}
+// one synchronous product of the above (fence, issue, wait)
+template <int TA, int TB, int KS, uint32_t ALO, uint32_t BLO, int NT>
+__device__ __forceinline__ void wy_mma_sync(float (&acc)[NT][4], uint64_t a, uint64_t b) {
+  wg::fence();
+  wy_mma<TA, TB, KS, ALO, BLO>(acc, a, b);
+  wg::commit();
+  wg::wait<0>();
+  wg::pin(acc);
+}
+constexpr uint32_t kT128 = 64 * 64 * 2;  // bytes of one [64][64] bf16 plane (the lo plane of a pair)
+#endif
 
 // One (chunk, value head) item of gdn_bwd_chunk_kernel. q/k stay raw bf16 in shared memory (l2norm row scales rsQ/rsK applied
 // outside the products). The V loop (the bulk of the FLOPs) runs on bf16 tensor cores with hi/lo
 // split operands (gdn_mma16.cuh): the state kernels store h, dh, Delta and dDelta already split,
 // so each slice is a plain cp.async copy, issued one slice ahead into the other buffer. The WY
-// part after the loop runs on the same planes (KK^T and QK^T: exact raw bf16 products,
-// mma_raw_rows).
+// part after the loop multiplies hi/lo planes too (KK^T and QK^T: exact raw bf16 products). On
+// sm_90a its nine products are wgmma as well (wy_mma: warpgroup wc computes the columns its four
+// warps' fragments hold, so every epilogue is the mma.sync form's), reading the q/k tiles and
+// the dW planes as 128-byte-swizzled column blocks (Qk128) and the [64][64] planes as they are.
 //
 // dq and dk of key head h are sums over its G value heads: the block runs them in order (j = 0..G-1,
 // gdn_bwd_chunk_kernel) and carries the running sums in its own slot of p.gacc, in fragment order,
@@ -52,11 +109,9 @@ size_t bwd_smem_bytes() { return (size_t)kBwdSmemF * sizeof(float); }
 // After the last value head it applies the l2norm backward and stores dq, dk.
 __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int64_t bid, int j) {
   GDN_PH_START
-  __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][LDKB]
-  __nv_bfloat16* Qb = Kb + C * LDKB;
-  float* rsK = reinterpret_cast<float*>(Qb + C * LDKB);
-  float* rsQ = rsK + C;
-  __nv_bfloat16* Tpb = reinterpret_cast<__nv_bfloat16*>(rsQ + C);  // T planes [2][64][64] (swizzled)
+  __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][DK] (Qk128)
+  __nv_bfloat16* Qb = Kb + C * DK;
+  __nv_bfloat16* Tpb = Qb + C * DK;  // T planes [2][64][64] (swizzled)
   float* U = reinterpret_cast<float*>(Tpb + 2 * C * C);  // union
   // V-loop view: two slice buffers
   __nv_bfloat16* const slice_buf = reinterpret_cast<__nv_bfloat16*>(U);
@@ -68,8 +123,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // diag(rsQ) Pg, then Gsym diag(rsK)
   __nv_bfloat16* XpA = reinterpret_cast<__nv_bfloat16*>(dTs + C * LDC);
   __nv_bfloat16* XpB = XpA + 2 * C * C;
-  __nv_bfloat16* dWp = XpB + 2 * C * C;  // [2][C][LDW] hi/lo planes of dW
-  float* M1s = reinterpret_cast<float*>(dWp + 2 * C * LDW);  // [C][LDC] (holds the dT planes)
+  __nv_bfloat16* dWp = XpB + 2 * C * C;  // [2][C][DK] hi/lo planes of dW (Qk128)
+  float* M1s = reinterpret_cast<float*>(dWp + 2 * C * DK);  // [C][LDC] (holds the dT planes)
   __nv_bfloat16* dTp = reinterpret_cast<__nv_bfloat16*>(M1s);
   float* Gs = M1s + C * LDC;     // [C][LDC]
   float* gam = U + kUnion;
@@ -83,6 +138,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   float* rp2 = red + C + 8;      // [4][C]
   float* dotq = rp2 + 4 * C;     // [4][C] l2norm backward: row dots of the group's dq, dk with q, k
   float* dotk = dotq + 4 * C;    // [4][C]
+  float* rsK = dotk + 4 * C;     // [C] l2norm row scales (kept for the group)
+  float* rsQ = rsK + C;
 
   const int hv = (int)(bid % p.HV);
   const int64_t c = bid / p.HV;
@@ -94,10 +151,13 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int wr = warp & 3, wc = warp >> 2;
 
-  if (j == 0) load_qk_tiles<kBwdThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L);  // raw q/k (exact bf16) + l2norm scales (kept for the group)
+  constexpr Qk128 el;
+  if (j == 0) load_qk_tiles<kBwdThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L, el);  // raw q/k (exact bf16) + l2norm scales (kept for the group)
   // normalised q/k values (raw x l2norm scale) for the row dots of the dgamma sums
-  auto Kn = [&](int r, int cc) { return __bfloat162float(Kb[r * LDKB + cc]) * rsK[r]; };
-  auto Qn = [&](int r, int cc) { return __bfloat162float(Qb[r * LDKB + cc]) * rsQ[r]; };
+  // (at the lane's accumulator positions of its 16 x 32 tile at (16 wr, 32 wc): tile-local r, cc)
+  const FragQk fq(16 * wr, 32 * wc, gq, tq);
+  auto Kn = [&](int r, int cc) { return __bfloat162float(Kb[fq(r, cc)]) * rsK[16 * wr + r]; };
+  auto Qn = [&](int r, int cc) { return __bfloat162float(Qb[fq(r, cc)]) * rsQ[16 * wr + r]; };
   if (tid < C) {  // (cp.async: complete with slice 0, before the V loop's first barrier)
     const int r = tid < L ? tid : L - 1;
     cp_async4(gam + tid, p.gam + (t0 + r) * p.HV + hv, 4);
@@ -129,7 +189,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // l2norm backward, first half: the row dots of the group sum with the normalised rows, by quarter row
   const auto l2_dots = [&](float (&a)[4][4], float* dots, const auto& X) {
     float d0, d1;
-    frag_rowdot(a, [&](int r, int cc) { return X(16 * wr + r, 32 * wc + cc); }, d0, d1);
+    frag_rowdot(a, X, d0, d1);
     if (tq == 0) {
       dots[wc * C + 16 * wr + gq] = d0;
       dots[wc * C + 16 * wr + gq + 8] = d1;
@@ -138,8 +198,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // second half (after a barrier): dx = rs (dy - (dy . y) y), y the normalised row
   const auto l2_apply = [&](float (&a)[4][4], const float* dots, const float* rs, const auto& X) {
     for_frag(a, [&](int r, int cc, float& x) {
-      r += 16 * wr;
-      x = rs[r] * (x - (dots[r] + dots[C + r] + dots[2 * C + r] + dots[3 * C + r]) * X(r, 32 * wc + cc));
+      const int rr = 16 * wr + r;
+      x = rs[rr] * (x - (dots[rr] + dots[C + rr] + dots[2 * C + rr] + dots[3 * C + rr]) * X(r, cc));
     });
   };
   zero_acc(aQ); zero_acc(aKs); zero_acc(aW); zero_acc(aPD); zero_acc(aT);
@@ -365,7 +425,11 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   const auto gram_k = [&](const __nv_bfloat16* Xb, const float* rsX, float* out) {
     float acc[2][4];
     zero_acc(acc);
-    mma_raw_rows<2, DK, LDKB>(acc, Xb, 16 * wr, Kb, 16 * wc);
+#if GDN_BWD_WY
+    wy_mma_sync<0, 0, DK / 16, 0, 0>(acc, wg::k128(Xb, 0), wg::k128(Kb, 16 * wc));
+#else
+    mma_rows<2, DK>(acc, Xb, 16 * wr, Kb, 16 * wc, el);
+#endif
     // the lane's 2 row and 4 column scales, loaded once (the stores to out between the elements
     // keep the compiler from reusing loads)
     const float rx[2] = {rsX[16 * wr + gq], rsX[16 * wr + gq + 8]};
@@ -415,11 +479,11 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   for (int nn = 0; nn < 4; ++nn)  // dW = -aW as bf16 hi/lo planes
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int r = 16 * wr + gq + 8 * hh, cc = 32 * wc + nn * 8 + 2 * tq;
       uint32_t hi, lo;
       split2(-aW[nn][2 * hh], -aW[nn][2 * hh + 1], hi, lo);
-      *reinterpret_cast<uint32_t*>(dWp + r * LDW + cc) = hi;
-      *reinterpret_cast<uint32_t*>(dWp + C * LDW + r * LDW + cc) = lo;
+      const int o = fq(gq + 8 * hh, nn * 8 + 2 * tq);  // (row 16 wr + gq + 8 hh, column 32 wc + 8 nn + 2 tq)
+      *reinterpret_cast<uint32_t*>(dWp + o) = hi;
+      *reinterpret_cast<uint32_t*>(dWp + C * DK + o) = lo;
     }
   gram_k(Qb, rsQ, Gs);  // QK = Q K^T (into Gs, free until the Ghat phase)
   // dgamma, direct part, formed without catastrophic cancellation:
@@ -428,8 +492,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   //   sum_{r<last} k_r . dk_state_r.
   {
     float rq0, rq1, rs0, rs1;
-    frag_rowdot(aQ, [&](int r, int j) { return Qn((16 * wr + r), 32 * wc + j); }, rq0, rq1);
-    frag_rowdot(aKs, [&](int r, int j) { return Kn((16 * wr + r), 32 * wc + j); }, rs0, rs1);
+    frag_rowdot(aQ, Qn, rq0, rq1);
+    frag_rowdot(aKs, Kn, rs0, rs1);
     if (tq == 0) {
       const int r = 16 * wr + gq;
       rp[wc * C + r] = rq0;
@@ -438,8 +502,22 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       rp2[wc * C + r + 8] = rs1;
     }
   }
+#if GDN_BWD_WY
+  wg::fence_smem();  // (the XpA, XpB and dW planes: wgmma operands after the barrier)
+#endif
   __syncthreads();
   GDN_PH(6);
+  // dQ += Pg K (final for this value head)
+  // (the l2norm scale of K is folded into A so that B is the exact raw bf16 K: 2 MMAs)
+  // dK_direct = dK_state + Pg^T Q
+#if GDN_BWD_WY
+  // (issued first: the row sums below run while they do)
+  wg::fence();
+  wy_mma<0, 1, 4, kT128, 0>(aQ, wg::k128(XpA, 0), wg::mn128(Kb, 32 * wc));
+  wg::commit();
+  wy_mma<1, 1, 4, kT128, 0>(aKs, wg::mn128(XpB, 0), wg::mn128(Qb, 32 * wc));
+  wg::commit();
+#endif
   {  // 8 threads per row (8 adjacent lanes), fixed-order reduction
     const int r = tid >> 3, part = tid & 7;
     float e = 0.f;
@@ -453,32 +531,44 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       rks[r] = (rp2[r] + rp2[C + r] + rp2[2 * C + r] + rp2[3 * C + r]);
     }
   }
-  // dQ += Pg K (final for this value head)
-  // (the l2norm scale of K is folded into A so that B is the exact raw bf16 K: 2 MMAs)
-  mma_planes64_raw<false, LDKB>(aQ, XpA, 16 * wr, Kb, 32 * wc);
+#if GDN_BWD_WY
+  wg::wait<1>();
+  wg::pin(aQ);
+#else
+  mma_planes64_raw<false>(aQ, XpA, 16 * wr, Kb, 32 * wc, el);
+#endif
   carry(aQ, 0, true);  // (after the last value head too: read back at the end of the item)
   if (j == p.G - 1 && p.l2norm) l2_dots(aQ, dotq, Qn);
-  // dK_direct = dK_state + Pg^T Q
-  mma_planes64_raw<true, LDKB>(aKs, XpB, 16 * wr, Qb, 32 * wc);
+#if GDN_BWD_WY
+  wg::wait<0>();
+  wg::pin(aKs);
+#else
+  mma_planes64_raw<true>(aKs, XpB, 16 * wr, Qb, 32 * wc, el);
+#endif
   GDN_PH(7);
   // dT += dW (diag(beta e^gam) K)^T, masked to strictly lower valid
   {
     float acc[2][4];
     zero_acc(acc);
+#if GDN_BWD_WY
+    // (issuing T^T dW here too, to run under the epilogue below, measured the same: session 20)
+    wy_mma_sync<0, 0, DK / 16, 2 * kT128, 0>(acc, wg::k128(dWp, 0), wg::k128(Kb, 16 * wc));
+#else
     // bf16 tensor cores: A = dW planes, B = raw K (B[k][n] = K[n][k], K rows via ldmatrix)
 #pragma unroll
     for (int k0 = 0; k0 < DK; k0 += 16) {
       uint32_t ah[4], al[4], b[4];
-      const int ao = a_off(LDW, 16 * wr, k0, lane);
+      const int ao = frag_a(el, 16 * wr, k0, lane);
       ldsm_x4(ah, dWp + ao);
-      ldsm_x4(al, dWp + C * LDW + ao);
-      ldsm_x4(b, Kb + bn_off(LDKB, k0, 16 * wc, lane));
+      ldsm_x4(al, dWp + C * DK + ao);
+      ldsm_x4(b, Kb + frag_bn(el, k0, 16 * wc, lane));
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
         mma_bf16(acc[t], al, b[2 * t], b[2 * t + 1]);
         mma_bf16(acc[t], ah, b[2 * t], b[2 * t + 1]);
       }
     }
+#endif
 #pragma unroll
     for (int nn = 0; nn < 2; ++nn) {
       float cf[2];  // per-column factors (two columns per lane and n8 tile)
@@ -504,11 +594,17 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         *reinterpret_cast<uint32_t*>(dTp + C * C + o) = lo;
       }
     }
+#if GDN_BWD_WY
+    wg::fence_smem();  // (the dT planes: an operand after the barriers below)
+#endif
   }
   GDN_PH(8);
   {  // TtdW = T^T dW: dK += diag(beta e^gam) TtdW ; row dot with K
     float acc[4][4];
     zero_acc(acc);
+#if GDN_BWD_WY
+    wy_mma_sync<1, 1, 4, kT128, 2 * kT128>(acc, wg::mn128(Tpb, 0), wg::mn128(dWp, 32 * wc));
+#else
     // bf16 tensor cores: A = T^T (T planes, transposed loads), B = dW planes
 #pragma unroll
     for (int k0 = 0; k0 < C; k0 += 16) {
@@ -519,9 +615,9 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #pragma unroll
       for (int nh = 0; nh < 2; ++nh) {
         uint32_t bh[4], bl[4];
-        const int bo = b_off(LDW, k0, 32 * wc + 16 * nh, lane);
+        const int bo = frag_b(el, k0, 32 * wc + 16 * nh, lane);
         ldsm_x4_t(bh, dWp + bo);
-        ldsm_x4_t(bl, dWp + C * LDW + bo);
+        ldsm_x4_t(bl, dWp + C * DK + bo);
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
           const int nt = 2 * nh + t;
@@ -531,8 +627,9 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         }
       }
     }
+#endif
     float w0, w1;
-    frag_rowdot(acc, [&](int r, int j) { return Kn((16 * wr + r), 32 * wc + j); }, w0, w1);
+    frag_rowdot(acc, Kn, w0, w1);
     __syncthreads();  // rp reuse
     if (tq == 0) {
       const int r = 16 * wr + gq;
@@ -562,7 +659,11 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     float acc[2][4];
     zero_acc(acc);
     // A = dT planes, B = T^T (B[k][n] = T[n][k]: T planes, non-transposed loads)
+#if GDN_BWD_WY
+    wy_mma_sync<0, 0, 4, kT128, kT128>(acc, wg::k128(dTp, 0), wg::k128(Tpb, 16 * wc));
+#else
     mma_planes64<false, true>(acc, dTp, 16 * wr, Tpb, 16 * wc);
+#endif
 #pragma unroll
     for (int nn = 0; nn < 2; ++nn)  // M1 planes (B of Ghat) in XpA (Pg K is long done)
 #pragma unroll
@@ -575,13 +676,20 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         *reinterpret_cast<uint32_t*>(XpA + C * C + o) = lo;
       }
   }
+#if GDN_BWD_WY
+  wg::fence_smem();  // (the M1 planes)
+#endif
   __syncthreads();
   GDN_PH(10);
   {  // Ghat = -(T^T M1) .* Gamma, strictly lower valid
     float acc[2][4];
     zero_acc(acc);
     // A = T^T (transposed loads of the T planes), B = M1 planes [k][n]
+#if GDN_BWD_WY
+    wy_mma_sync<1, 1, 4, kT128, kT128>(acc, wg::mn128(Tpb, 0), wg::mn128(XpA, 16 * wc));
+#else
     mma_planes64<true, false>(acc, Tpb, 16 * wr, XpA, 16 * wc);
+#endif
     for_frag(acc, [&](int r, int j, float& x) {
       r += 16 * wr;
       j += 16 * wc;
@@ -618,9 +726,16 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     *reinterpret_cast<uint32_t*>(XpB + o) = hi;
     *reinterpret_cast<uint32_t*>(XpB + C * C + o) = lo;
   }
+#if GDN_BWD_WY
+  wg::fence_smem();  // (the Gsym planes)
+#endif
   __syncthreads();
   GDN_PH(12);
-  mma_planes64_raw<false, LDKB>(aKs, XpB, 16 * wr, Kb, 32 * wc);
+#if GDN_BWD_WY
+  wy_mma_sync<0, 1, 4, kT128, 0>(aKs, wg::k128(XpB, 0), wg::mn128(Kb, 32 * wc));
+#else
+  mma_planes64_raw<false>(aKs, XpB, 16 * wr, Kb, 32 * wc, el);
+#endif
   carry(aKs, 1, j < p.G - 1);
   if (j == p.G - 1 && p.l2norm) l2_dots(aKs, dotk, Kn);
   __syncthreads();

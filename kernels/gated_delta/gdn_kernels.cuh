@@ -134,13 +134,18 @@ __device__ __forceinline__ void prog_wait(const int* f, int v) {
 
 constexpr int LDKB = DK + 8;  // row stride (bf16) of the raw q/k tiles of prep and bwd_chunk
 
-// Raw bf16 q and k rows of the chunk at token t0 (key head h) into [C][LDKB] tiles, rows >= L
-// zero (cp.async when both are 16-byte aligned, plain stores otherwise), and their l2norm row
-// scales (cp.async; 1 without the norm, 0 beyond L). One committed cp.async group: complete after
-// cp_async_wait_all() (or a wait that covers it) + __syncthreads(). Called by all NT threads.
-template <int NT>
+// Raw bf16 q and k rows of the chunk at token t0 (key head h) into [C][DK] tiles of layout
+// el(row, column) (element offsets, 16-byte pieces of 8 columns contiguous: [C][LDKB] rows by
+// default), rows >= L zero (cp.async when both are 16-byte aligned, plain stores otherwise), and
+// their l2norm row scales (cp.async; 1 without the norm, 0 beyond L). One committed cp.async
+// group: complete after cp_async_wait_all() (or a wait that covers it) + __syncthreads(). Called
+// by all NT threads.
+struct QkRows {
+  __device__ __forceinline__ int operator()(int r, int c) const { return r * LDKB + c; }
+};
+template <int NT, class El = QkRows>
 __device__ __forceinline__ void load_qk_tiles(const KParams& p, __nv_bfloat16* Kb, __nv_bfloat16* Qb,
-                                              float* rsK, float* rsQ, int64_t t0, int h, int L) {
+                                              float* rsK, float* rsQ, int64_t t0, int h, int L, El el = {}) {
   const int tid = threadIdx.x;
   const __nv_bfloat16* kbase = bf16_at(p.k, t0 * p.k_st + (int64_t)h * p.k_sh);
   const __nv_bfloat16* qbase = bf16_at(p.q, t0 * p.q_st + (int64_t)h * p.q_sh);
@@ -148,15 +153,15 @@ __device__ __forceinline__ void load_qk_tiles(const KParams& p, __nv_bfloat16* K
     for (int v = tid; v < C * DK / 8; v += NT) {
       const int r = v >> 4, c8 = (v & 15) * 8;
       const int rr = r < L ? r : 0;
-      cp_async16(Kb + r * LDKB + c8, kbase + rr * p.k_st + c8, r < L ? 16 : 0);
-      cp_async16(Qb + r * LDKB + c8, qbase + rr * p.q_st + c8, r < L ? 16 : 0);
+      cp_async16(Kb + el(r, c8), kbase + rr * p.k_st + c8, r < L ? 16 : 0);
+      cp_async16(Qb + el(r, c8), qbase + rr * p.q_st + c8, r < L ? 16 : 0);
     }
   } else {
     const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
     for (int i = tid; i < C * DK; i += NT) {
       const int r = i / DK, cc = i % DK;
-      Kb[r * LDKB + cc] = r < L ? kbase[r * p.k_st + cc] : z;
-      Qb[r * LDKB + cc] = r < L ? qbase[r * p.q_st + cc] : z;
+      Kb[el(r, cc)] = r < L ? kbase[r * p.k_st + cc] : z;
+      Qb[el(r, cc)] = r < L ? qbase[r * p.q_st + cc] : z;
     }
   }
   if (tid < C) {  // (asynchronous: a plain load here stalled these warps' part of the loads after it)

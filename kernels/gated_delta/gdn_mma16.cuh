@@ -161,27 +161,32 @@ __device__ __forceinline__ int bn_off(int ld, int k0, int n0, int l) {
 }
 
 // acc (a 16 x 8*NT tile at (m0, n0), NT even) += A[m0:m0+16, :KD] * B[n0:n0+8NT, :KD]^T with A and
-// B raw bf16 row-major [rows][LD] matrices (not swizzled; LD*2 bytes a multiple of 16 and not of
-// 128, e.g. 136 elements, keeps the 8 row addresses of an ldmatrix in distinct banks). Products of
-// bf16 values are exact in fp32, so this is the exact raw x raw product (KK^T, QK^T) with fp32
-// accumulation.
-template <int NT, int KD, int LD>
-__device__ __forceinline__ void mma_raw_rows(float (&acc)[NT][4], const __nv_bfloat16* A, int m0,
-                                             const __nv_bfloat16* B, int n0) {
+// B raw bf16 matrices of one layout el(row, column) (element offsets). Products of bf16 values are
+// exact in fp32, so this is the exact raw x raw product (KK^T, QK^T) with fp32 accumulation.
+template <int NT, int KD, class El>
+__device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const __nv_bfloat16* A, int m0, const __nv_bfloat16* B,
+                                         int n0, El el) {
   static_assert(NT % 2 == 0 && KD % 16 == 0, "tile shape");
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int k0 = 0; k0 < KD; k0 += 16) {
     uint32_t a[4];
-    ldsm_x4(a, A + a_off(LD, m0, k0, lane));
+    ldsm_x4(a, A + frag_a(el, m0, k0, lane));
 #pragma unroll
     for (int nh = 0; nh < NT / 2; ++nh) {
       uint32_t b[4];
-      ldsm_x4(b, B + bn_off(LD, k0, n0 + 16 * nh, lane));
+      ldsm_x4(b, B + frag_bn(el, k0, n0 + 16 * nh, lane));
       mma_bf16(acc[2 * nh], a, b[0], b[1]);
       mma_bf16(acc[2 * nh + 1], a, b[2], b[3]);
     }
   }
+}
+// The same on row-major [rows][LD] matrices (not swizzled; LD*2 bytes a multiple of 16 and not of
+// 128, e.g. 136 elements, keeps the 8 row addresses of an ldmatrix in distinct banks).
+template <int NT, int KD, int LD>
+__device__ __forceinline__ void mma_raw_rows(float (&acc)[NT][4], const __nv_bfloat16* A, int m0,
+                                             const __nv_bfloat16* B, int n0) {
+  mma_rows<NT, KD>(acc, A, m0, B, n0, [](int r, int c) { return r * LD + c; });
 }
 
 // 128-byte-swizzled planes (rows of a multiple of 64 bf16; 16-byte chunk index XOR (row & 7)):
@@ -266,11 +271,11 @@ __device__ __forceinline__ void mma_planes64(float (&acc)[2][4], const __nv_bflo
 }
 
 // acc[4] (a 16 x 32 tile at (m0, n0)) += A * B over K = 64: A = hi/lo plane pair of a swizzled
-// [64][64] bf16 matrix (A_T: its transpose), B = a raw bf16 row-major [k][n] matrix with row
-// stride LDB (exact operand: 2 MMAs per tile).
-template <bool A_T, int LDB>
+// [64][64] bf16 matrix (A_T: its transpose), B = a raw bf16 [k][n] matrix of layout elb(row,
+// column) (exact operand: 2 MMAs per tile).
+template <bool A_T, class ElB>
 __device__ __forceinline__ void mma_planes64_raw(float (&acc)[4][4], const __nv_bfloat16* A, int m0,
-                                                 const __nv_bfloat16* B, int n0) {
+                                                 const __nv_bfloat16* B, int n0, ElB elb) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int k0 = 0; k0 < 64; k0 += 16) {
@@ -279,7 +284,7 @@ __device__ __forceinline__ void mma_planes64_raw(float (&acc)[4][4], const __nv_
 #pragma unroll
     for (int nh = 0; nh < 2; ++nh) {
       uint32_t b[4];
-      ldsm_x4_t(b, B + b_off(LDB, k0, n0 + 16 * nh, lane));
+      ldsm_x4_t(b, B + frag_b(elb, k0, n0 + 16 * nh, lane));
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
         mma_bf16(acc[2 * nh + t], al, b[2 * t], b[2 * t + 1]);

@@ -88,29 +88,33 @@ __device__ __forceinline__ void pin(uint32_t (&a)[NT][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[n][e])::"memory");
 }
 
-// D[64][8*NT] += A[64][16] B[16][8*NT] (bf16 x bf16 -> fp32), A and B K-major in shared memory
-// (descriptors da, db). Accumulator layout (warp w of the warpgroup): n8 tile n, element e at row
-// 16w + lane/4 + 8*(e>>1), column 8n + 2*(lane%4) + (e&1), i.e. the mma.m16n8 C fragment of
-// each n8 tile, so the accumulators are the fragments an mma.sync form of the product builds.
+// D[64][8*NT] += A[64][16] B[16][8*NT] (bf16 x bf16 -> fp32), A and B in shared memory
+// (descriptors da, db), K-major by default; TA = 1: A MN-major (stored as its transpose, rows k),
+// TB = 1: B MN-major (stored rows k, n contiguous). Accumulator layout (warp w of the warpgroup):
+// n8 tile n, element e at row 16w + lane/4 + 8*(e>>1), column 8n + 2*(lane%4) + (e&1), i.e. the
+// mma.m16n8 C fragment of each n8 tile, so the accumulators are the fragments an mma.sync form of
+// the product builds.
+template <int TA = 0, int TB = 0>
 __device__ __forceinline__ void mma_ss(float (&d)[2][4], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, %12;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
         "+f"(d[1][2]), "+f"(d[1][3])
-      : "l"(da), "l"(db), "r"(1));
+      : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
 }
+template <int TA = 0, int TB = 0>
 __device__ __forceinline__ void mma_ss(float (&d)[4][4], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      "%16, %17, p, 1, 1, %19, %20;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-      : "l"(da), "l"(db), "r"(1));
+      : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
 }
 #endif
 
@@ -127,6 +131,27 @@ __device__ __forceinline__ uint64_t desc128_k(const void* tile) { return desc(ti
 __device__ __forceinline__ uint64_t desc128_mn(const void* tile, uint32_t lbo) {
   return desc(tile, lbo, 1024) | (1ull << 62);
 }
+
+// Matrices of 64 rows in 128-byte-swizzled column blocks ([64][64] tiles, kTile128 bytes apart;
+// the backward's chunk kernel keeps its q/k tiles and WY planes so): the element offset of (r, c),
+// and the shared-memory operands the kernel reads from them, each with the byte offset of its
+// k16 step kk (descriptor + offset: desc_add).
+constexpr uint32_t kTile128 = 64 * 64 * 2;
+__host__ __device__ __forceinline__ int el128(int r, int c) {
+  return (c >> 6) * 64 * 64 + r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
+}
+// K-major operand: rows r0.. (a multiple of 8) of the matrix, k along its columns (all blocks).
+__device__ __forceinline__ uint64_t k128(const void* m, int r0) {
+  return desc128_k(static_cast<const char*>(m) + r0 * 128);
+}
+__host__ __device__ constexpr uint32_t k128_step(int kk) { return (kk >> 2) * kTile128 + (kk & 3) * 32; }
+// MN-major operand: columns n0.. (a multiple of 8; n0 % 64 + the operand's width <= 64) of the
+// matrix, k along its 64 rows. The start inside a 128-byte row is fine: the hardware swizzles
+// absolute addresses (test_gdn_wgmma checks these forms).
+__device__ __forceinline__ uint64_t mn128(const void* m, int n0) {
+  return desc128_mn(static_cast<const char*>(m) + (n0 >> 6) * kTile128 + (n0 & 63) * 2, kTile128);
+}
+constexpr uint32_t kMn128Step = 16 * 128;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 // D[64][8 NT] (accumulator tiles O..O+NT-1 of d) += A[64][16] B[16][8 NT], fp16 x fp16 -> fp32.

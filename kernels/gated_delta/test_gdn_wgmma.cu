@@ -10,6 +10,11 @@
 //   as X = A1 K^T and O = A1 Q^T (k = 128, both column blocks) and MN-major as S = A2 K (n = 128,
 //   k = 64: rows of K). The same three forms in bf16 (N = 64 and 128), as the backward's
 //   register-state recompute (gdn_rec16t_kernel) uses them.
+// - gdn_bwd_chunk_kernel's WY part: four warpgroups, warpgroup g computing columns
+//   [8*NT*g, 8*NT*(g+1)) of D[64][NB] = A[64][KD] B[KD][NB], both operands in the 128-byte
+//   swizzle as the kernel keeps them (wg::el128 column blocks): A K-major or stored transposed
+//   (MN-major), B stored as B^T (K-major) or as B (MN-major, each warpgroup starting inside a
+//   128-byte row), through the kernel's descriptor helpers (k128, mn128).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -47,6 +52,43 @@ __global__ void wg_product(const float* A, const float* B, float* D, int* ran) {
     for (int e = 0; e < 4; ++e) {
       const int r = 16 * w + (lane >> 2) + 8 * (e >> 1), c = 8 * NT * g + 8 * n + 2 * (lane & 3) + (e & 1);
       D[r * R + c] = d[n][e];
+    }
+  if (threadIdx.x == 0) *ran = 1;
+#endif
+}
+
+// The WY-part forms (see the top): A stored [64][KD] (TA = 0) or [KD][64] (TA = 1, KD = 64),
+// B stored [NB][KD] (TB = 0) or [KD][NB] (TB = 1, KD = 64), each in wg::el128 column blocks.
+template <int NT, int TA, int TB, int KD, int NB>
+__global__ void wg_wy_product(const float* A, const float* B, float* D, int* ran) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert((TA == 0 || KD == 64) && (TB == 0 || KD == 64) && 4 * 8 * NT == NB, "shapes");
+  __shared__ __align__(1024) __nv_bfloat16 As[M * KD], Bs[NB * KD];
+  for (int i = threadIdx.x; i < M * KD; i += blockDim.x) {
+    const int m = i / KD, k = i % KD;
+    As[TA ? wg::el128(k, m) : wg::el128(m, k)] = __float2bfloat16(A[i]);
+  }
+  for (int i = threadIdx.x; i < KD * NB; i += blockDim.x) {  // B[k][n]
+    const int k = i / NB, n = i % NB;
+    Bs[TB ? wg::el128(k, n) : (k >> 6) * NB * 64 + wg::el128(n, k & 63)] = __float2bfloat16(B[i]);
+  }
+  wg::fence_smem();
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = warp & 3, g = warp >> 2;
+  float d[NT][4] = {};
+  const uint64_t da = TA ? wg::mn128(As, 0) : wg::k128(As, 0), db = TB ? wg::mn128(Bs, 8 * NT * g) : wg::k128(Bs, 8 * NT * g);
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < KD / 16; ++kk)
+    wg::mma_ss<TA, TB>(d, wg::desc_add(da, TA ? kk * wg::kMn128Step : wg::k128_step(kk)),
+                       wg::desc_add(db, TB ? kk * wg::kMn128Step : wg::k128_step(kk)));
+  wg::commit();
+  wg::wait<0>();
+  wg::pin(d);
+  for (int n = 0; n < NT; ++n)
+    for (int e = 0; e < 4; ++e) {
+      const int r = 16 * w + (lane >> 2) + 8 * (e >> 1), c = 8 * NT * g + 8 * n + 2 * (lane & 3) + (e & 1);
+      D[r * NB + c] = d[n][e];
     }
   if (threadIdx.x == 0) *ran = 1;
 #endif
@@ -200,6 +242,32 @@ bool run_case(std::mt19937& rng) {
               err == cudaSuccess ? "" : cudaGetErrorString(err));
   return ok;
 }
+
+template <int NT, int TA, int TB, int KD, int NB>
+bool run_wy_case(std::mt19937& rng, const char* what) {
+  std::uniform_int_distribution<int> u(-4, 4);
+  std::vector<float> a(M * KD), b(KD * NB), d(M * NB, NAN), ref(M * NB, 0.f);
+  for (auto& x : a) x = (float)u(rng);
+  for (auto& x : b) x = (float)u(rng);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < NB; ++n)
+      for (int k = 0; k < KD; ++k) ref[m * NB + n] += a[m * KD + k] * b[k * NB + n];
+  float *dA = to_device(a), *dB = to_device(b), *dD = to_device(d);
+  int* dran = ran_flag();
+  wg_wy_product<NT, TA, TB, KD, NB><<<1, 512>>>(dA, dB, dD, dran);
+  const cudaError_t err = cudaDeviceSynchronize();
+  d = to_host_free(dD, d.size());
+  const int ran = read_flag_free(dran);
+  cudaFree(dA);
+  cudaFree(dB);
+  int bad = 0;
+  for (int i = 0; i < M * NB; ++i) bad += d[i] != ref[i];
+  const bool ok = err == cudaSuccess && ran && bad == 0;
+  std::printf("%s m64n%d, 128-byte swizzle, A %s, B %s, k = %d (%s): %d of %d elements differ%s%s\n", ok ? "ok  " : "FAIL",
+              8 * NT, TA ? "MN-major" : "K-major", TB ? "MN-major" : "K-major", KD, what, bad, M * NB,
+              ran ? "" : " (the sm_90a code path was not compiled)", err == cudaSuccess ? "" : cudaGetErrorString(err));
+  return ok;
+}
 }  // namespace
 
 int main() {
@@ -222,6 +290,10 @@ int main() {
     ok &= run_case<2, 64>(rng);
     ok &= run_forward_case<false>(rng);
     ok &= run_forward_case<true>(rng);
+    ok &= run_wy_case<2, 0, 0, 128, 64>(rng, "K K^T, Q K^T, dW K^T, dT T^T");
+    ok &= run_wy_case<4, 0, 1, 64, 128>(rng, "Pg K, Gsym K");
+    ok &= run_wy_case<4, 1, 1, 64, 128>(rng, "Pg^T Q, T^T dW");
+    ok &= run_wy_case<2, 1, 1, 64, 64>(rng, "T^T M1");
   }
   std::printf("%s\n", ok ? "all wgmma products exact" : "wgmma test FAILED");
   return ok ? 0 : 1;
