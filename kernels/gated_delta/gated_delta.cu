@@ -63,7 +63,7 @@ int64_t bwd_chunk_slots(const GdnProblem& p) {
 }
 
 struct Layout {
-  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, gacc, part, prog, total_fwd, total_bwd;
+  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, gacc, part, total_fwd, total_bwd;
 };
 
 Layout layout(const GdnProblem& p) {
@@ -94,9 +94,6 @@ Layout layout(const GdnProblem& p) {
   l.dDl = take(NT * HV * C * DV * planes);
   l.gacc = take((size_t)bwd_chunk_slots(p) * 2 * C * DK * f);
   l.part = take(NT * HV * 2 * f);
-#ifdef QRUN_GDN_BWD_STREAM
-  l.prog = take(((size_t)p.num_seqs * HV * 2 + 1) * sizeof(int32_t));
-#endif
   l.total_bwd = off;
   return l;
 }
@@ -153,9 +150,6 @@ KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
     k.dDl = reinterpret_cast<__nv_bfloat16*>(w + l.dDl);
     k.gacc = reinterpret_cast<float*>(w + l.gacc);
     k.part = reinterpret_cast<float*>(w + l.part);
-#ifdef QRUN_GDN_BWD_STREAM
-    k.prog = reinterpret_cast<int*>(w + l.prog);
-#endif
   }
   return k;
 }
@@ -442,18 +436,6 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
       pr.mark(k.run_if ? "fallback (not taken: returns)" : "state(recompute h) + dh");
     }
   };
-  // An experiment (-DQRUN_GDN_BWD_STREAM, sm_90a, written in session 19, not yet run): bwd_chunk
-  // starts beside the recompute, as its programmatic dependent, on the SMs the recompute leaves
-  // (at 1x8192 36 of 132 for 0.40 ms), and takes the (chunk, key head) groups in chunk order from a
-  // counter, each once the recompute has finished that chunk for the group's value heads
-  // (k.prog). For that the fallbacks run first, and the reverse pass and the recompute leave the
-  // flagged (sequence, value head)s to them.
-#ifdef QRUN_GDN_BWD_STREAM
-  const bool streamed = fast && p.num_seqs > 0 && p.num_chunks > 0 && rec16t_runs();
-#else
-  const bool streamed = false;
-#endif
-  k.stream = streamed;
   if (fast) {
     // The fast backward: the reverse pass (the state gradient, the longest sequential pass) on fp16
     // operands that it scales itself (gdn_dh16t_kernel), and the state recompute in bf16x2
@@ -464,14 +446,7 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     // forward; flagged (sequence, value head)s are redone by the bf16x2 launches below, which
     // return at once everywhere else.
     check_cuda(cudaMemsetAsync(k.f16_bad, 0, ((size_t)p.num_seqs * p.HV + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
-    if (streamed)
-      check_cuda(cudaMemsetAsync(k.prog, 0, ((size_t)p.num_seqs * p.HV * 2 + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
     launch_common_fwd(k, p, s, pr, kPrepB16);
-    if (streamed) {  // the fallbacks first (see `streamed` above); nothing between recompute and bwd_chunk
-      k.run_if = k.f16_bad;
-      fallbacks();
-      report_fallback(io.fell_back, k, p, s);
-    }
     if (p.num_seqs > 0) {
       const int64_t blocks = p.num_seqs * p.HV * seq_t_slices();
       set_smem(gdn_dh16t_kernel, dh16t_smem_bytes(), 8);
@@ -500,21 +475,15 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     }
     k.run_if = k.f16_bad;
   }
-  if (!streamed) {
-    fallbacks();
-    report_fallback(io.fell_back, k, p, s);
-  }
+  fallbacks();
+  report_fallback(io.fell_back, k, p, s);
   if (p.num_chunks > 0) {
     set_smem(gdn_bwd_chunk_kernel, bwd_smem_bytes(), 3);
     // persistent: one block per SM (shared memory allows no second), groups in launch order
     const int64_t slots = bwd_chunk_slots(p);
     const int64_t blocks = slots < sm_count() ? slots : sm_count();
-    if (streamed) {
-      launch_dependent(s, grid1d(blocks, "bwd_chunk"), 512, bwd_smem_bytes(), gdn_bwd_chunk_kernel, "gdn_bwd_chunk_kernel", k);
-    } else {
-      gdn_bwd_chunk_kernel<<<grid1d(blocks, "bwd_chunk"), 512, bwd_smem_bytes(), s>>>(k);
-      check_launch("gdn_bwd_chunk_kernel");
-    }
+    gdn_bwd_chunk_kernel<<<grid1d(blocks, "bwd_chunk"), 512, bwd_smem_bytes(), s>>>(k);
+    check_launch("gdn_bwd_chunk_kernel");
     pr.mark("bwd_chunk");
   }
   if (p.gate_fused && (io.dA_log || io.ddt_bias)) {

@@ -822,39 +822,10 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 // Persistent: one block per SM walks the groups (chunk, key head) in launch order, each group's
 // value heads in order (measured 0.025 ms faster than one block per item at 1x8192; an L2
 // prefetch of the next item's first slices during the WY part gained nothing on top).
-// -DQRUN_GDN_BWD_STREAM (an experiment, see gdn_backward): with p.stream the blocks take the groups
-// from a counter (in chunk order, as the recompute finishes them) and wait for the recompute's
-// progress on the group's value heads before each.
-#ifdef QRUN_GDN_BWD_STREAM
-__device__ __forceinline__ int64_t bwd_next_group(const KParams& p, int64_t gi, int64_t groups) {
-  if (p.stream) {
-    __shared__ int64_t next;
-    __syncthreads();  // everyone has read the previous `next`
-    if (threadIdx.x == 0) {
-      const int64_t g = atomicAdd(p.prog + p.N * p.HV * 2, 1);
-      next = g;
-      if (g < groups) {
-        const int64_t c = g / p.H;
-        const int h = (int)(g % p.H), n = p.ctab[2 * c], need = p.ctab[2 * c + 1] + 1;
-        for (int j = 0; j < p.G; ++j)
-          for (int vs = 0; vs < 2; ++vs)  // (the recompute's two 64-wide slices, kTNS in gdn_seq_t.cu)
-            prog_wait(p.prog + ((int64_t)n * p.HV + h * p.G + j) * 2 + vs, need);
-      }
-    }
-    __syncthreads();
-    return next;
-  }
-  return gi < 0 ? blockIdx.x : gi + gridDim.x;
-}
-#endif
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
   extern __shared__ __align__(1024) float sm[];
   const int64_t groups = p.NT * p.H;
-#ifdef QRUN_GDN_BWD_STREAM
-  for (int64_t gi = bwd_next_group(p, -1, groups); gi < groups; gi = bwd_next_group(p, gi, groups)) {
-#else
   for (int64_t gi = blockIdx.x; gi < groups; gi += gridDim.x) {
-#endif
     const int64_t first = (gi / p.H) * p.HV + (gi % p.H) * p.G;  // item (chunk, value head G h)
     for (int j = 0; j < p.G; ++j) {
       bwd_chunk_item(p, sm, first + j, j);

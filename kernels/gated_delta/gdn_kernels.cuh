@@ -50,10 +50,6 @@ struct KParams {
   float* gacc;               // [bwd_chunk blocks][2][C*K]: each block's running dq, dk sums over
                              // a key head's value-head group (fragment order, see bwd_chunk_item)
   float* part;               // [NT,HV,2]
-  int* prog;                 // -DQRUN_GDN_BWD_STREAM only: [N*HV*2] chunks of each (sequence, value
-                             // head, 64-wide slice) the recompute has finished, then bwd_chunk's
-                             // work counter (gated_delta.cu, gdn_backward)
-  int stream;                // -DQRUN_GDN_BWD_STREAM: this backward streams bwd_chunk (prog set)
   // forward outputs
   void* o; int64_t o_st, o_sh;
   float* ht;
@@ -114,22 +110,6 @@ __device__ __forceinline__ SeqBlock seq_block(const KParams& p, int64_t bid, int
   b.n = rest / p.HV;
   b.h = b.hv / p.G;
   return b;
-}
-
-// -DQRUN_GDN_BWD_STREAM: the recompute's progress counts (KParams::prog), published with release
-// and read with acquire semantics at GPU scope. The publishing block has passed a barrier after
-// its stores, so its one thread's fence covers the whole block's (the split-K semaphore pattern).
-__device__ __forceinline__ void prog_publish(int* f, int v) {
-  __threadfence();
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(f), "r"(v) : "memory");
-}
-__device__ __forceinline__ void prog_wait(const int* f, int v) {
-  int x;
-  for (;;) {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(x) : "l"(f) : "memory");
-    if (x >= v) return;
-    __nanosleep(256);
-  }
 }
 
 constexpr int LDKB = DK + 8;  // row stride (bf16) of the raw q/k tiles of prep and bwd_chunk

@@ -829,9 +829,6 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
   const SeqBlock sb = seq_block(p, blockIdx.x, kTNS);
   const int vs = sb.vs, hv = sb.hv, h = sb.h;
   const int64_t n = sb.n;
-#ifdef QRUN_GDN_BWD_STREAM
-  if (p.stream && p.f16_bad[n * p.HV + hv]) return;  // the fallback, run before, has its dS and dDelta
-#endif
   const int v0 = vs * kTV, j0 = 16 * warp;
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
@@ -1103,9 +1100,12 @@ __device__ __forceinline__ void rec_load(const RBuf& b, const KParams& p, int h,
   ld_slice_rows<false>(b.V, b.fb, b.fx, nullptr, b.dec, b.gl, p, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g, tid);
 }
 
-// -DQRUN_GDN_REC_PRODUCERS (v48, an experiment written in session 19, not yet run): a producer
-// warpgroup issues the copies, as in the reverse pass (v46); 256 threads, one block per SM, so at
-// 4x2048 (384 blocks) it gives up the second block per SM that the 128-thread form has.
+// -DQRUN_GDN_REC_PRODUCERS (v48, an experiment, off): a producer warpgroup issues the copies, as
+// in the reverse pass (v46); 256 threads, one block per SM, so at 4x2048 (384 blocks) it gives up
+// the second block per SM that the 128-thread form has. Measured in session 20 (H200, backward
+// on fp16 operands, two runs each): 1x8192 2.317 / 2.312 ms against 2.332 / 2.354, 4x2048
+// 2.129 / 2.132 against 2.129 / 2.107; correct (49/49), sanitizers not run. Not the default: a
+// per-shape choice would be needed for a gain of about 1 % at one shape.
 #ifdef QRUN_GDN_REC_PRODUCERS
 constexpr bool kRecProducers = true;
 #else
@@ -1119,15 +1119,6 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
   const SeqBlock sb = seq_block(p, blockIdx.x, kTNS);
   const int vs = sb.vs, hv = sb.hv, h = sb.h;
   const int64_t n = sb.n;
-#ifdef QRUN_GDN_BWD_STREAM
-  // (bwd_chunk, this kernel's programmatic dependent, waits on the progress counts, gdn_backward)
-  asm volatile("griddepcontrol.launch_dependents;");
-  int* const prog = p.stream ? p.prog + (n * p.HV + hv) * kTNS + vs : nullptr;
-  if (prog && p.f16_bad[n * p.HV + hv]) {  // the fallback, run before, has its S and Delta
-    if (threadIdx.x == 0) prog_publish(prog, (int)(p.coff[n + 1] - p.coff[n]));
-    return;
-  }
-#endif
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int v0 = vs * kTV, j0 = 16 * warp;
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
@@ -1158,9 +1149,6 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
       wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
     }
     step_barrier<kRecProducers>();  // chunk c's operands landed; everyone is done with chunk c-1's buffer
-#ifdef QRUN_GDN_BWD_STREAM
-    if (prog && threadIdx.x == 0 && c > c_beg) prog_publish(prog, (int)(c - c_beg));  // chunks < c stored
-#endif
     if (!kRecProducers) load(c + 1, tid);
     store_planes_t<16>(p.hs + slice_planes(c, p.HV, hv, vsl, DK), st, cw, lane, stage);  // S entering c
     // X^T = S^T K^T: A = S^T's hi and lo fragments (k-block kk: n8 tiles 2kk, 2kk+1 of the state)
@@ -1229,12 +1217,6 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
     wg::pin(st);
   }
   cp_async_wait<0>();
-#ifdef QRUN_GDN_BWD_STREAM
-  if (prog) {
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kTThreads) : "memory");  // the compute warps' last stores
-    if (threadIdx.x == 0) prog_publish(prog, (int)(c_end - c_beg));
-  }
-#endif
 #else
   __trap();  // (launched only where rec16t_runs(): gdn_backward)
 #endif
