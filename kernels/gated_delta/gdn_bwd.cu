@@ -175,6 +175,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   const auto slot = [&](int which) {  // (formed where used: a pointer live across the V loop spills)
     return reinterpret_cast<float4*>(p.gacc) + ((int64_t)blockIdx.x * 2 + which) * (C * DK / 4) + threadIdx.x;
   };
+#if !GDN_BWD_WY
   const auto carry = [&](float (&a)[4][4], int which, bool keep) {
     float4* const s = slot(which);
 #pragma unroll
@@ -186,6 +187,22 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       if (keep) s[n * kBwdThreads] = make_float4(a[n][0], a[n][1], a[n][2], a[n][3]);
     }
   };
+#else
+  // The same in two halves: the sum loaded while the wgmma product that completes a runs, then
+  // added and kept (session 20: 0.05 ms of the backward at 1x8192 and 4x2048; the loads had
+  // waited behind the product, two L2 round trips per item on the critical path).
+  const auto carry_load = [&](float4 (&x)[4], int which) {  // (for j = 0 too: the values are not used then)
+#pragma unroll
+    for (int n = 0; n < 4; ++n) x[n] = slot(which)[n * kBwdThreads];
+  };
+  const auto carry_add = [&](float (&a)[4][4], const float4 (&x)[4], int which, bool keep) {
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      if (j > 0) { a[n][0] += x[n].x; a[n][1] += x[n].y; a[n][2] += x[n].z; a[n][3] += x[n].w; }
+      if (keep) slot(which)[n * kBwdThreads] = make_float4(a[n][0], a[n][1], a[n][2], a[n][3]);
+    }
+  };
+#endif
   // l2norm backward, first half: the row dots of the group sum with the normalised rows, by quarter row
   const auto l2_dots = [&](float (&a)[4][4], float* dots, const auto& X) {
     float d0, d1;
@@ -517,6 +534,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   wg::commit();
   wy_mma<1, 1, 4, kT128, 0>(aKs, wg::mn128(XpB, 0), wg::mn128(Qb, 32 * wc));
   wg::commit();
+  float4 sq[4];  // (the group's running dq sum, loaded while the products and the row sums run)
+  carry_load(sq, 0);
 #endif
   {  // 8 threads per row (8 adjacent lanes), fixed-order reduction
     const int r = tid >> 3, part = tid & 7;
@@ -537,7 +556,12 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #else
   mma_planes64_raw<false>(aQ, XpA, 16 * wr, Kb, 32 * wc, el);
 #endif
-  carry(aQ, 0, true);  // (after the last value head too: read back at the end of the item)
+  // (kept after the last value head too: read back at the end of the item)
+#if GDN_BWD_WY
+  carry_add(aQ, sq, 0, true);
+#else
+  carry(aQ, 0, true);
+#endif
   if (j == p.G - 1 && p.l2norm) l2_dots(aQ, dotq, Qn);
 #if GDN_BWD_WY
   wg::wait<0>();
@@ -732,11 +756,20 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   __syncthreads();
   GDN_PH(12);
 #if GDN_BWD_WY
-  wy_mma_sync<0, 1, 4, kT128, 0>(aKs, wg::k128(XpB, 0), wg::mn128(Kb, 32 * wc));
+  {
+    wg::fence();
+    wy_mma<0, 1, 4, kT128, 0>(aKs, wg::k128(XpB, 0), wg::mn128(Kb, 32 * wc));
+    wg::commit();
+    float4 sk[4];  // (the group's running dk sum, loaded while the product runs)
+    carry_load(sk, 1);
+    wg::wait<0>();
+    wg::pin(aKs);
+    carry_add(aKs, sk, 1, j < p.G - 1);
+  }
 #else
   mma_planes64_raw<false>(aKs, XpB, 16 * wr, Kb, 32 * wc, el);
-#endif
   carry(aKs, 1, j < p.G - 1);
+#endif
   if (j == p.G - 1 && p.l2norm) l2_dots(aKs, dotk, Kn);
   __syncthreads();
   if (j == p.G - 1) {  // the group's dq, dk are complete
