@@ -550,16 +550,13 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       rks[r] = (rp2[r] + rp2[C + r] + rp2[2 * C + r] + rp2[3 * C + r]);
     }
   }
+  // (the sum is kept after the last value head too: read back at the end of the item)
 #if GDN_BWD_WY
   wg::wait<1>();
   wg::pin(aQ);
-#else
-  mma_planes64_raw<false>(aQ, XpA, 16 * wr, Kb, 32 * wc, el);
-#endif
-  // (kept after the last value head too: read back at the end of the item)
-#if GDN_BWD_WY
   carry_add(aQ, sq, 0, true);
 #else
+  mma_planes64_raw<false>(aQ, XpA, 16 * wr, Kb, 32 * wc, el);
   carry(aQ, 0, true);
 #endif
   if (j == p.G - 1 && p.l2norm) l2_dots(aQ, dotq, Qn);

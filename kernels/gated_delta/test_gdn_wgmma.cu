@@ -31,6 +31,25 @@ namespace wg = qrun::gdn::detail::wg;
 namespace {
 constexpr int M = 64, KD = 32;
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Commits and waits for the warpgroup's MMAs, then writes its accumulator tile (columns
+// [8*NT*g, 8*NT*(g+1)) of warpgroup g) into D[64][ld] in the mma.m16n8 fragment layout, and
+// marks the sm_90a path as run.
+template <int NT>
+__device__ void finish(float (&d)[NT][4], float* D, int ld, int* ran) {
+  wg::commit();
+  wg::wait<0>();
+  wg::pin(d);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = warp & 3, g = warp >> 2;
+  for (int n = 0; n < NT; ++n)
+    for (int e = 0; e < 4; ++e) {
+      const int r = 16 * w + (lane >> 2) + 8 * (e >> 1), c = 8 * NT * g + 8 * n + 2 * (lane & 3) + (e & 1);
+      D[r * ld + c] = d[n][e];
+    }
+  if (threadIdx.x == 0) *ran = 1;
+}
+#endif
+
 template <int NT, int R>
 __global__ void wg_product(const float* A, const float* B, float* D, int* ran) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -39,21 +58,13 @@ __global__ void wg_product(const float* A, const float* B, float* D, int* ran) {
   for (int i = threadIdx.x; i < R * KD; i += blockDim.x) Bs[wg::sw64(i / KD, i % KD)] = __float2bfloat16(B[i]);
   wg::fence_smem();
   __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = warp & 3, g = warp >> 2;
+  const int g = threadIdx.x >> 7;  // (the warpgroup)
   float d[NT][4] = {};
   const uint64_t db = wg::desc_rows(Bs, 8 * NT * g), da = wg::desc_rows(As, 0);
   wg::fence();
 #pragma unroll
   for (int k = 0; k < KD / 16; ++k) wg::mma_ss(d, wg::desc_add(da, k * wg::kKStep), wg::desc_add(db, k * wg::kKStep));
-  wg::commit();
-  wg::wait<0>();
-  wg::pin(d);
-  for (int n = 0; n < NT; ++n)
-    for (int e = 0; e < 4; ++e) {
-      const int r = 16 * w + (lane >> 2) + 8 * (e >> 1), c = 8 * NT * g + 8 * n + 2 * (lane & 3) + (e & 1);
-      D[r * R + c] = d[n][e];
-    }
-  if (threadIdx.x == 0) *ran = 1;
+  finish(d, D, R, ran);
 #endif
 }
 
@@ -74,7 +85,7 @@ __global__ void wg_wy_product(const float* A, const float* B, float* D, int* ran
   }
   wg::fence_smem();
   __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = warp & 3, g = warp >> 2;
+  const int g = threadIdx.x >> 7;  // (the warpgroup)
   float d[NT][4] = {};
   const uint64_t da = TA ? wg::mn128(As, 0) : wg::k128(As, 0), db = TB ? wg::mn128(Bs, 8 * NT * g) : wg::k128(Bs, 8 * NT * g);
   wg::fence();
@@ -82,15 +93,7 @@ __global__ void wg_wy_product(const float* A, const float* B, float* D, int* ran
   for (int kk = 0; kk < KD / 16; ++kk)
     wg::mma_ss<TA, TB>(d, wg::desc_add(da, TA ? kk * wg::kMn128Step : wg::k128_step(kk)),
                        wg::desc_add(db, TB ? kk * wg::kMn128Step : wg::k128_step(kk)));
-  wg::commit();
-  wg::wait<0>();
-  wg::pin(d);
-  for (int n = 0; n < NT; ++n)
-    for (int e = 0; e < 4; ++e) {
-      const int r = 16 * w + (lane >> 2) + 8 * (e >> 1), c = 8 * NT * g + 8 * n + 2 * (lane & 3) + (e & 1);
-      D[r * NB + c] = d[n][e];
-    }
-  if (threadIdx.x == 0) *ran = 1;
+  finish(d, D, NB, ran);
 #endif
 }
 
@@ -214,59 +217,57 @@ bool run_forward_case(std::mt19937& rng) {
   return ok;
 }
 
-template <int NT, int R>
-bool run_case(std::mt19937& rng) {
-  std::uniform_int_distribution<int> u(-4, 4);
-  std::vector<float> a(M * KD), b(R * KD), d(M * R, -1e30f), ref(M * R, 0.f);
-  for (auto& x : a) x = (float)u(rng);
-  for (auto& x : b) x = (float)u(rng);
-  for (int m = 0; m < M; ++m)
-    for (int n = 0; n < R; ++n) {
-      float s = 0.f;
-      for (int k = 0; k < KD; ++k) s += a[m * KD + k] * b[n * KD + k];
-      ref[m * R + n] = s;
-    }
+// Runs launch(dA, dB, dD, ran) (one block), compares D with ref exactly and prints one line.
+template <class Launch>
+bool run_and_compare(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& ref,
+                     Launch launch, const char* label) {
+  std::vector<float> d(ref.size(), NAN);
   float *dA = to_device(a), *dB = to_device(b), *dD = to_device(d);
   int* dran = ran_flag();
-  wg_product<NT, R><<<1, 512>>>(dA, dB, dD, dran);
+  launch(dA, dB, dD, dran);
   const cudaError_t err = cudaDeviceSynchronize();
   d = to_host_free(dD, d.size());
   const int ran = read_flag_free(dran);
   cudaFree(dA);
   cudaFree(dB);
   int bad = 0;
-  for (int i = 0; i < M * R; ++i) bad += d[i] != ref[i];
+  for (size_t i = 0; i < d.size(); ++i) bad += d[i] != ref[i];
   const bool ok = err == cudaSuccess && ran && bad == 0;
-  std::printf("%s m64n%d, B plane of %d rows, 4 warpgroups: %d of %d elements differ%s%s\n", ok ? "ok  " : "FAIL",
-              8 * NT, R, bad, M * R, ran ? "" : " (the sm_90a code path was not compiled)",
-              err == cudaSuccess ? "" : cudaGetErrorString(err));
+  std::printf("%s %s: %d of %zu elements differ%s%s\n", ok ? "ok  " : "FAIL", label, bad, d.size(),
+              ran ? "" : " (the sm_90a code path was not compiled)", err == cudaSuccess ? "" : cudaGetErrorString(err));
   return ok;
+}
+
+template <int NT, int R>
+bool run_case(std::mt19937& rng) {
+  std::uniform_int_distribution<int> u(-4, 4);
+  std::vector<float> a(M * KD), b(R * KD), ref(M * R, 0.f);
+  for (auto& x : a) x = (float)u(rng);
+  for (auto& x : b) x = (float)u(rng);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < R; ++n)
+      for (int k = 0; k < KD; ++k) ref[m * R + n] += a[m * KD + k] * b[n * KD + k];
+  char label[96];
+  std::snprintf(label, sizeof label, "m64n%d, B plane of %d rows, 4 warpgroups", 8 * NT, R);
+  return run_and_compare(a, b, ref, [](float* dA, float* dB, float* dD, int* ran) { wg_product<NT, R><<<1, 512>>>(dA, dB, dD, ran); },
+                         label);
 }
 
 template <int NT, int TA, int TB, int KD, int NB>
 bool run_wy_case(std::mt19937& rng, const char* what) {
   std::uniform_int_distribution<int> u(-4, 4);
-  std::vector<float> a(M * KD), b(KD * NB), d(M * NB, NAN), ref(M * NB, 0.f);
+  std::vector<float> a(M * KD), b(KD * NB), ref(M * NB, 0.f);
   for (auto& x : a) x = (float)u(rng);
   for (auto& x : b) x = (float)u(rng);
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < NB; ++n)
       for (int k = 0; k < KD; ++k) ref[m * NB + n] += a[m * KD + k] * b[k * NB + n];
-  float *dA = to_device(a), *dB = to_device(b), *dD = to_device(d);
-  int* dran = ran_flag();
-  wg_wy_product<NT, TA, TB, KD, NB><<<1, 512>>>(dA, dB, dD, dran);
-  const cudaError_t err = cudaDeviceSynchronize();
-  d = to_host_free(dD, d.size());
-  const int ran = read_flag_free(dran);
-  cudaFree(dA);
-  cudaFree(dB);
-  int bad = 0;
-  for (int i = 0; i < M * NB; ++i) bad += d[i] != ref[i];
-  const bool ok = err == cudaSuccess && ran && bad == 0;
-  std::printf("%s m64n%d, 128-byte swizzle, A %s, B %s, k = %d (%s): %d of %d elements differ%s%s\n", ok ? "ok  " : "FAIL",
-              8 * NT, TA ? "MN-major" : "K-major", TB ? "MN-major" : "K-major", KD, what, bad, M * NB,
-              ran ? "" : " (the sm_90a code path was not compiled)", err == cudaSuccess ? "" : cudaGetErrorString(err));
-  return ok;
+  char label[160];
+  std::snprintf(label, sizeof label, "m64n%d, 128-byte swizzle, A %s, B %s, k = %d (%s)", 8 * NT,
+                TA ? "MN-major" : "K-major", TB ? "MN-major" : "K-major", KD, what);
+  return run_and_compare(
+      a, b, ref, [](float* dA, float* dB, float* dD, int* ran) { wg_wy_product<NT, TA, TB, KD, NB><<<1, 512>>>(dA, dB, dD, ran); },
+      label);
 }
 }  // namespace
 
