@@ -439,14 +439,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   __syncthreads();  // union free now
   GDN_PH(5);
   // out = diag(rsX) X K^T diag(rsK) from the raw tiles (exact products; scales applied after)
-  const auto gram_k = [&](const __nv_bfloat16* Xb, const float* rsX, float* out) {
-    float acc[2][4];
-    zero_acc(acc);
-#if GDN_BWD_WY
-    wy_mma_sync<0, 0, DK / 16, 0, 0>(acc, wg::k128(Xb, 0), wg::k128(Kb, 16 * wc));
-#else
-    mma_rows<2, DK>(acc, Xb, 16 * wr, Kb, 16 * wc, el);
-#endif
+  const auto gram_store = [&](float (&acc)[2][4], const float* rsX, float* out) {
     // the lane's 2 row and 4 column scales, loaded once (the stores to out between the elements
     // keep the compiler from reusing loads)
     const float rx[2] = {rsX[16 * wr + gq], rsX[16 * wr + gq + 8]};
@@ -463,7 +456,35 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         out[r * LDC + j] = acc[n][e] * rx[e >> 1] * ck[n][e & 1];
       }
   };
+  const auto gram_k = [&](const __nv_bfloat16* Xb, const float* rsX, float* out) {
+    float acc[2][4];
+    zero_acc(acc);
+#if GDN_BWD_WY
+    wy_mma_sync<0, 0, DK / 16, 0, 0>(acc, wg::k128(Xb, 0), wg::k128(Kb, 16 * wc));
+#else
+    mma_rows<2, DK>(acc, Xb, 16 * wr, Kb, 16 * wc, el);
+#endif
+    gram_store(acc, rsX, out);
+  };
+#if GDN_BWD_WY && defined(QRUN_GDN_WY_GRAMS)
+  // (both grams issued at once: Q K^T runs under the Pg, dT and dW epilogues below)
+  float qk[2][4];
+  {
+    float kk[2][4];
+    zero_acc(kk);
+    zero_acc(qk);
+    wg::fence();
+    wy_mma<0, 0, DK / 16, 0, 0>(kk, wg::k128(Kb, 0), wg::k128(Kb, 16 * wc));
+    wg::commit();
+    wy_mma<0, 0, DK / 16, 0, 0>(qk, wg::k128(Qb, 0), wg::k128(Kb, 16 * wc));
+    wg::commit();
+    wg::wait<1>();
+    wg::pin(kk);
+    gram_store(kk, rsK, KKs);  // KK = K K^T
+  }
+#else
   gram_k(Kb, rsK, KKs);  // KK = K K^T
+#endif
   // Pg = s (dO Delta^T) .* Gamma (lower incl. diagonal, valid rows): fp32 for the dgamma sums, and
   // bf16 planes of Pg diag(rsK) (A of Pg K) and diag(rsQ) Pg (A^T of Pg^T Q)
 #pragma unroll
@@ -502,7 +523,13 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       *reinterpret_cast<uint32_t*>(dWp + o) = hi;
       *reinterpret_cast<uint32_t*>(dWp + C * DK + o) = lo;
     }
+#if GDN_BWD_WY && defined(QRUN_GDN_WY_GRAMS)
+  wg::wait<0>();
+  wg::pin(qk);
+  gram_store(qk, rsQ, Gs);  // QK = Q K^T (into Gs, free until the Ghat phase)
+#else
   gram_k(Qb, rsQ, Gs);  // QK = Q K^T (into Gs, free until the Ghat phase)
+#endif
   // dgamma, direct part, formed without catastrophic cancellation:
   //   q_r . dq_state_r  +  sum_{j<r} E_rj - sum_{i>r} E_ir  (E = Pg .* QK, the diagonal cancels
   //   exactly and is left out)  - k_r . dk_state_r (r < last)  + last row: e^{gl}<S0,dSC> +
@@ -763,6 +790,15 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     wg::pin(aKs);
     carry_add(aKs, sk, 1, j < p.G - 1);
   }
+#ifdef QRUN_GDN_WY_DQEND
+  if (j == p.G - 1) {  // (the group's dq, read back early: its latency runs under the dk epilogue)
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const float4 x = slot(0)[n * kBwdThreads];
+      aQ[n][0] = x.x; aQ[n][1] = x.y; aQ[n][2] = x.z; aQ[n][3] = x.w;
+    }
+  }
+#endif
 #else
   mma_planes64_raw<false>(aKs, XpB, 16 * wr, Kb, 32 * wc, el);
   carry(aKs, 1, j < p.G - 1);
@@ -772,11 +808,13 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   if (j == p.G - 1) {  // the group's dq, dk are complete
     if (p.l2norm) l2_apply(aKs, dotk, rsK, Kn);
     store_grad_rows(p.dk, p.gdt, t0 * p.dk_st + (int64_t)h * p.dk_sh, p.dk_st, aKs, 16 * wr, 32 * wc, L, p.pair_dk);
+#if !(GDN_BWD_WY && defined(QRUN_GDN_WY_DQEND))
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
       const float4 x = slot(0)[n * kBwdThreads];
       aQ[n][0] = x.x; aQ[n][1] = x.y; aQ[n][2] = x.z; aQ[n][3] = x.w;
     }
+#endif
     if (p.l2norm) l2_apply(aQ, dotq, rsQ, Qn);
     store_grad_rows(p.dq, p.gdt, t0 * p.dq_st + (int64_t)h * p.dq_sh, p.dq_st, aQ, 16 * wr, 32 * wc, L, p.pair_dq);
   }
