@@ -15,6 +15,15 @@
 #else
 #define GDN_BWD_WGMMA 0
 #endif
+// dV on wgmma as well (an experiment, -DQRUN_GDN_DV_WGMMA, written in session 20, not yet run):
+// two warpgroups per slice (wc / 2 == vs % 2) compute its dV, 16 columns each (m64n16, A = T^T,
+// B = the dDelta planes MN-major), so the T fragments are read twice per slice instead of by all
+// 16 warps. (One warpgroup with m64n32 spilled 292 B.)
+#if GDN_BWD_WGMMA && defined(QRUN_GDN_DV_WGMMA)
+#define GDN_BWD_DVWG 1
+#else
+#define GDN_BWD_DVWG 0
+#endif
 // The WY part's products on wgmma too (v49; -DQRUN_GDN_NO_WY_WGMMA: on mma.sync, same layout)
 #if GDN_BWD_WGMMA && !defined(QRUN_GDN_NO_WY_WGMMA)
 #define GDN_BWD_WY 1
@@ -295,6 +304,25 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     // (all B descriptors from two: the planes lie at fixed byte offsets from S0p and Dlp)
     const uint64_t dS = wg::desc_rows(S0p, 32 * wc), dD = wg::desc_rows(Dlp, 16 * wc);
     constexpr uint32_t kP = 2 * SPL, kQ = 2 * CPL;  // bytes of one [128][32], one [64][32] plane
+#if GDN_BWD_DVWG
+    // dV of this slice on warpgroup vs % 4, in the main group (its epilogue after the group's
+    // wait: reading it while the rest is in flight made ptxas serialise every wgmma, C7514):
+    // A = T^T (hi/lo), B = dDelta (hi/lo), three terms as the mma.sync form
+    float dv[2][4];  // (columns 16 (wc & 1) of the slice)
+    const bool dvg = (wc >> 1) == (vs & 1);
+    zero_acc(dv);
+    if (dvg) {
+      const uint64_t aT = wg::mn128(Tpb, 0), bD = wg::desc64_mn(DDp + 16 * (wc & 1));
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < C / 16; ++kk) {
+        const uint64_t a = wg::desc_add(aT, kk * wg::kMn128Step), b = wg::desc_add(bD, kk * wg::kMn64Step);
+        wg::mma_ss<1, 1>(dv, wg::desc_add(a, 64 * 64 * 2), b);
+        wg::mma_ss<1, 1>(dv, a, wg::desc_add(b, kQ));
+        wg::mma_ss<1, 1>(dv, a, b);
+      }
+    }
+#endif
     {
       const uint64_t dA = wg::desc_rows(Dlp, 0);  // A planes: Dh 0, Dl kQ, dDh 2kQ, dDl 3kQ, dO 4kQ
       wg::fence();
@@ -381,6 +409,21 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         frob += (ah.x + al.x) * (bh.x + bl.x) + (ah.y + al.y) * (bh.y + bl.y);
       }
     }
+#if GDN_BWD_DVWG
+    wg::wait<0>();  // (the main group and dV; the last k16 step ran alongside the <S0, dS_C> sum)
+    wg::pin(aQ); wg::pin(aKs); wg::pin(aW); wg::pin(aPD); wg::pin(aT); wg::pin(dv);
+    if (dvg) {  // dV = diag(beta) T^T dDelta (rows 16wr, columns 16 (wc & 1)) ; dbeta += rowsum(T^T dDelta .* V)
+      float r0, r1;
+      frag_rowdot(dv, [&](int r, int j) { return __bfloat162float(Vb[wg::sw64(16 * wr + r, 16 * (wc & 1) + j)]); }, r0, r1);
+      if (tq == 0) {
+        dbp[wc * C + 16 * wr + gq] += r0;
+        dbp[wc * C + 16 * wr + gq + 8] += r1;
+      }
+      for_frag(dv, [&](int r, int, float& x) { x *= bet[16 * wr + r]; });
+      store_grad_rows(p.dv, p.gdt, t0 * p.dv_st + (int64_t)hv * p.dv_sh + v0, p.dv_st, dv, 16 * wr, 16 * (wc & 1), L,
+                      p.pair_dv);
+    }
+#else
     {  // dV = diag(beta) T^T dDelta (16 x 8 tiles: rows 16wr, cols 8wc) ; dbeta += rowsum(T^T dDelta .* V)
       float acc[1][4], acc2[1][4];  // two accumulators: two independent MMA chains
       zero_acc(acc);
@@ -411,7 +454,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       store_grad_rows(p.dv, p.gdt, t0 * p.dv_st + (int64_t)hv * p.dv_sh + v0, p.dv_st, acc, 16 * wr, 8 * wc, L,
                       p.pair_dv);
     }
-#if GDN_BWD_WGMMA
+#endif
+#if GDN_BWD_WGMMA && !GDN_BWD_DVWG
     wg::wait<0>();  // (the last k16 step's MMAs ran alongside the <S0, dS_C> sum and dV)
     wg::pin(aQ); wg::pin(aKs); wg::pin(aW); wg::pin(aPD); wg::pin(aT);
 #endif
