@@ -15,15 +15,6 @@
 #else
 #define GDN_BWD_WGMMA 0
 #endif
-// dV on wgmma as well (an experiment, -DQRUN_GDN_DV_WGMMA, written in session 20, not yet run):
-// two warpgroups per slice (wc / 2 == vs % 2) compute its dV, 16 columns each (m64n16, A = T^T,
-// B = the dDelta planes MN-major), so the T fragments are read twice per slice instead of by all
-// 16 warps. (One warpgroup with m64n32 spilled 292 B.)
-#if GDN_BWD_WGMMA && defined(QRUN_GDN_DV_WGMMA)
-#define GDN_BWD_DVWG 1
-#else
-#define GDN_BWD_DVWG 0
-#endif
 // The WY part's products on wgmma too (v49; -DQRUN_GDN_NO_WY_WGMMA: on mma.sync, same layout)
 #if GDN_BWD_WGMMA && !defined(QRUN_GDN_NO_WY_WGMMA)
 #define GDN_BWD_WY 1
@@ -304,25 +295,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     // (all B descriptors from two: the planes lie at fixed byte offsets from S0p and Dlp)
     const uint64_t dS = wg::desc_rows(S0p, 32 * wc), dD = wg::desc_rows(Dlp, 16 * wc);
     constexpr uint32_t kP = 2 * SPL, kQ = 2 * CPL;  // bytes of one [128][32], one [64][32] plane
-#if GDN_BWD_DVWG
-    // dV of this slice on warpgroup vs % 4, in the main group (its epilogue after the group's
-    // wait: reading it while the rest is in flight made ptxas serialise every wgmma, C7514):
-    // A = T^T (hi/lo), B = dDelta (hi/lo), three terms as the mma.sync form
-    float dv[2][4];  // (columns 16 (wc & 1) of the slice)
-    const bool dvg = (wc >> 1) == (vs & 1);
-    zero_acc(dv);
-    if (dvg) {
-      const uint64_t aT = wg::mn128(Tpb, 0), bD = wg::desc64_mn(DDp + 16 * (wc & 1));
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk) {
-        const uint64_t a = wg::desc_add(aT, kk * wg::kMn128Step), b = wg::desc_add(bD, kk * wg::kMn64Step);
-        wg::mma_ss<1, 1>(dv, wg::desc_add(a, 64 * 64 * 2), b);
-        wg::mma_ss<1, 1>(dv, a, wg::desc_add(b, kQ));
-        wg::mma_ss<1, 1>(dv, a, b);
-      }
-    }
-#endif
     {
       const uint64_t dA = wg::desc_rows(Dlp, 0);  // A planes: Dh 0, Dl kQ, dDh 2kQ, dDl 3kQ, dO 4kQ
       wg::fence();
@@ -409,21 +381,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         frob += (ah.x + al.x) * (bh.x + bl.x) + (ah.y + al.y) * (bh.y + bl.y);
       }
     }
-#if GDN_BWD_DVWG
-    wg::wait<0>();  // (the main group and dV; the last k16 step ran alongside the <S0, dS_C> sum)
-    wg::pin(aQ); wg::pin(aKs); wg::pin(aW); wg::pin(aPD); wg::pin(aT); wg::pin(dv);
-    if (dvg) {  // dV = diag(beta) T^T dDelta (rows 16wr, columns 16 (wc & 1)) ; dbeta += rowsum(T^T dDelta .* V)
-      float r0, r1;
-      frag_rowdot(dv, [&](int r, int j) { return __bfloat162float(Vb[wg::sw64(16 * wr + r, 16 * (wc & 1) + j)]); }, r0, r1);
-      if (tq == 0) {
-        dbp[wc * C + 16 * wr + gq] += r0;
-        dbp[wc * C + 16 * wr + gq + 8] += r1;
-      }
-      for_frag(dv, [&](int r, int, float& x) { x *= bet[16 * wr + r]; });
-      store_grad_rows(p.dv, p.gdt, t0 * p.dv_st + (int64_t)hv * p.dv_sh + v0, p.dv_st, dv, 16 * wr, 16 * (wc & 1), L,
-                      p.pair_dv);
-    }
-#else
     {  // dV = diag(beta) T^T dDelta (16 x 8 tiles: rows 16wr, cols 8wc) ; dbeta += rowsum(T^T dDelta .* V)
       float acc[1][4], acc2[1][4];  // two accumulators: two independent MMA chains
       zero_acc(acc);
@@ -454,8 +411,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       store_grad_rows(p.dv, p.gdt, t0 * p.dv_st + (int64_t)hv * p.dv_sh + v0, p.dv_st, acc, 16 * wr, 8 * wc, L,
                       p.pair_dv);
     }
-#endif
-#if GDN_BWD_WGMMA && !GDN_BWD_DVWG
+#if GDN_BWD_WGMMA
     wg::wait<0>();  // (the last k16 step's MMAs ran alongside the <S0, dS_C> sum and dV)
     wg::pin(aQ); wg::pin(aKs); wg::pin(aW); wg::pin(aPD); wg::pin(aT);
 #endif
@@ -483,7 +439,14 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   __syncthreads();  // union free now
   GDN_PH(5);
   // out = diag(rsX) X K^T diag(rsK) from the raw tiles (exact products; scales applied after)
-  const auto gram_store = [&](float (&acc)[2][4], const float* rsX, float* out) {
+  const auto gram_k = [&](const __nv_bfloat16* Xb, const float* rsX, float* out) {
+    float acc[2][4];
+    zero_acc(acc);
+#if GDN_BWD_WY
+    wy_mma_sync<0, 0, DK / 16, 0, 0>(acc, wg::k128(Xb, 0), wg::k128(Kb, 16 * wc));
+#else
+    mma_rows<2, DK>(acc, Xb, 16 * wr, Kb, 16 * wc, el);
+#endif
     // the lane's 2 row and 4 column scales, loaded once (the stores to out between the elements
     // keep the compiler from reusing loads)
     const float rx[2] = {rsX[16 * wr + gq], rsX[16 * wr + gq + 8]};
@@ -500,35 +463,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         out[r * LDC + j] = acc[n][e] * rx[e >> 1] * ck[n][e & 1];
       }
   };
-  const auto gram_k = [&](const __nv_bfloat16* Xb, const float* rsX, float* out) {
-    float acc[2][4];
-    zero_acc(acc);
-#if GDN_BWD_WY
-    wy_mma_sync<0, 0, DK / 16, 0, 0>(acc, wg::k128(Xb, 0), wg::k128(Kb, 16 * wc));
-#else
-    mma_rows<2, DK>(acc, Xb, 16 * wr, Kb, 16 * wc, el);
-#endif
-    gram_store(acc, rsX, out);
-  };
-#if GDN_BWD_WY && defined(QRUN_GDN_WY_GRAMS)
-  // (both grams issued at once: Q K^T runs under the Pg, dT and dW epilogues below)
-  float qk[2][4];
-  {
-    float kk[2][4];
-    zero_acc(kk);
-    zero_acc(qk);
-    wg::fence();
-    wy_mma<0, 0, DK / 16, 0, 0>(kk, wg::k128(Kb, 0), wg::k128(Kb, 16 * wc));
-    wg::commit();
-    wy_mma<0, 0, DK / 16, 0, 0>(qk, wg::k128(Qb, 0), wg::k128(Kb, 16 * wc));
-    wg::commit();
-    wg::wait<1>();
-    wg::pin(kk);
-    gram_store(kk, rsK, KKs);  // KK = K K^T
-  }
-#else
   gram_k(Kb, rsK, KKs);  // KK = K K^T
-#endif
   // Pg = s (dO Delta^T) .* Gamma (lower incl. diagonal, valid rows): fp32 for the dgamma sums, and
   // bf16 planes of Pg diag(rsK) (A of Pg K) and diag(rsQ) Pg (A^T of Pg^T Q)
 #pragma unroll
@@ -567,13 +502,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       *reinterpret_cast<uint32_t*>(dWp + o) = hi;
       *reinterpret_cast<uint32_t*>(dWp + C * DK + o) = lo;
     }
-#if GDN_BWD_WY && defined(QRUN_GDN_WY_GRAMS)
-  wg::wait<0>();
-  wg::pin(qk);
-  gram_store(qk, rsQ, Gs);  // QK = Q K^T (into Gs, free until the Ghat phase)
-#else
   gram_k(Qb, rsQ, Gs);  // QK = Q K^T (into Gs, free until the Ghat phase)
-#endif
   // dgamma, direct part, formed without catastrophic cancellation:
   //   q_r . dq_state_r  +  sum_{j<r} E_rj - sum_{i>r} E_ir  (E = Pg .* QK, the diagonal cancels
   //   exactly and is left out)  - k_r . dk_state_r (r < last)  + last row: e^{gl}<S0,dSC> +
@@ -834,15 +763,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     wg::pin(aKs);
     carry_add(aKs, sk, 1, j < p.G - 1);
   }
-#ifdef QRUN_GDN_WY_DQEND
-  if (j == p.G - 1) {  // (the group's dq, read back early: its latency runs under the dk epilogue)
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      const float4 x = slot(0)[n * kBwdThreads];
-      aQ[n][0] = x.x; aQ[n][1] = x.y; aQ[n][2] = x.z; aQ[n][3] = x.w;
-    }
-  }
-#endif
 #else
   mma_planes64_raw<false>(aKs, XpB, 16 * wr, Kb, 32 * wc, el);
   carry(aKs, 1, j < p.G - 1);
@@ -852,13 +772,11 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   if (j == p.G - 1) {  // the group's dq, dk are complete
     if (p.l2norm) l2_apply(aKs, dotk, rsK, Kn);
     store_grad_rows(p.dk, p.gdt, t0 * p.dk_st + (int64_t)h * p.dk_sh, p.dk_st, aKs, 16 * wr, 32 * wc, L, p.pair_dk);
-#if !(GDN_BWD_WY && defined(QRUN_GDN_WY_DQEND))
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
       const float4 x = slot(0)[n * kBwdThreads];
       aQ[n][0] = x.x; aQ[n][1] = x.y; aQ[n][2] = x.z; aQ[n][3] = x.w;
     }
-#endif
     if (p.l2norm) l2_apply(aQ, dotq, rsQ, Qn);
     store_grad_rows(p.dq, p.gdt, t0 * p.dq_st + (int64_t)h * p.dq_sh, p.dq_st, aQ, 16 * wr, 32 * wc, L, p.pair_dq);
   }

@@ -15,9 +15,6 @@
 //   swizzle as the kernel keeps them (wg::el128 column blocks): A K-major or stored transposed
 //   (MN-major), B stored as B^T (K-major) or as B (MN-major, each warpgroup starting inside a
 //   128-byte row), through the kernel's descriptor helpers (k128, mn128).
-// - the same kernel's dV with -DQRUN_GDN_DV_WGMMA: two warpgroups, warpgroup g computing columns
-//   [16g, 16g + 16) of D[64][32] = T^T dDelta, A = T stored [64][64] in the 128-byte swizzle
-//   (MN-major), B = a 64-byte-swizzled [64][32] plane read MN-major from column 16g (desc64_mn).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -97,25 +94,6 @@ __global__ void wg_wy_product(const float* A, const float* B, float* D, int* ran
     wg::mma_ss<TA, TB>(d, wg::desc_add(da, TA ? kk * wg::kMn128Step : wg::k128_step(kk)),
                        wg::desc_add(db, TB ? kk * wg::kMn128Step : wg::k128_step(kk)));
   finish(d, D, NB, ran);
-#endif
-}
-
-// The dV form (see the top): A = M^T for M stored [64][64] (el128), B[64][32] a sw64 plane.
-__global__ void wg_dv_product(const float* A, const float* B, float* D, int* ran) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __shared__ __align__(1024) __nv_bfloat16 As[64 * 64], Bs[64 * 32];
-  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) As[wg::el128(i % 64, i / 64)] = __float2bfloat16(A[i]);  // A[m][k] at M[k][m]
-  for (int i = threadIdx.x; i < 64 * 32; i += blockDim.x) Bs[wg::sw64(i / 32, i % 32)] = __float2bfloat16(B[i]);
-  wg::fence_smem();
-  __syncthreads();
-  const int g = threadIdx.x >> 7;
-  float d[2][4] = {};
-  const uint64_t da = wg::mn128(As, 0), db = wg::desc64_mn(Bs + 16 * g);
-  wg::fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    wg::mma_ss<1, 1>(d, wg::desc_add(da, kk * wg::kMn128Step), wg::desc_add(db, kk * wg::kMn64Step));
-  finish(d, D, 32, ran);
 #endif
 }
 
@@ -291,17 +269,6 @@ bool run_wy_case(std::mt19937& rng, const char* what) {
       a, b, ref, [](float* dA, float* dB, float* dD, int* ran) { wg_wy_product<NT, TA, TB, KD, NB><<<1, 512>>>(dA, dB, dD, ran); },
       label);
 }
-bool run_dv_case(std::mt19937& rng) {
-  std::uniform_int_distribution<int> u(-4, 4);
-  std::vector<float> a(64 * 64), b(64 * 32), ref(64 * 32, 0.f);
-  for (auto& x : a) x = (float)u(rng);
-  for (auto& x : b) x = (float)u(rng);
-  for (int m = 0; m < 64; ++m)
-    for (int n = 0; n < 32; ++n)
-      for (int k = 0; k < 64; ++k) ref[m * 32 + n] += a[m * 64 + k] * b[k * 32 + n];
-  return run_and_compare(a, b, ref, [](float* dA, float* dB, float* dD, int* ran) { wg_dv_product<<<1, 256>>>(dA, dB, dD, ran); },
-                         "m64n16, A MN-major (128-byte swizzle), B MN-major 64-byte swizzle from column 16g (dV)");
-}
 }  // namespace
 
 int main() {
@@ -328,7 +295,6 @@ int main() {
     ok &= run_wy_case<4, 0, 1, 64, 128>(rng, "Pg K, Gsym K");
     ok &= run_wy_case<4, 1, 1, 64, 128>(rng, "Pg^T Q, T^T dW");
     ok &= run_wy_case<2, 1, 1, 64, 64>(rng, "T^T M1");
-    ok &= run_dv_case(rng);
   }
   std::printf("%s\n", ok ? "all wgmma products exact" : "wgmma test FAILED");
   return ok ? 0 : 1;
