@@ -219,7 +219,12 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       x = rs[rr] * (x - (dots[rr] + dots[C + rr] + dots[2 * C + rr] + dots[3 * C + rr]) * X(r, cc));
     });
   };
+#if GDN_BWD_WGMMA
+  float vacc[16][4];  // the V loop's product of this warpgroup (m64n128, or two m64n64)
+  zero_acc(vacc);
+#else
   zero_acc(aQ); zero_acc(aKs); zero_acc(aW); zero_acc(aPD); zero_acc(aT);
+#endif
   float frob = 0.f;
   static_assert(2 * DK * BV / 8 == 2 * kBwdThreads && 2 * C * BV / 8 == kBwdThreads, "slice/threads");
   // Slice vs into buffer B: the four plane pairs of the workspace, dO and v rows (zero beyond L)
@@ -286,37 +291,70 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     GDN_PH(2);
     // dQ += dO S0^T ; dKs += Delta dSC^T ; dW += dDelta S0^T   (16 x 32 tiles: rows 16wr, cols 32wc)
     // PD += dO Delta^T ; dT += dDelta V^T                     (16 x 16 tiles: rows 16wr, cols 16wc)
-    // On sm_90a warpgroup wc (warps 4wc..4wc+3, so warp wr of the group holds rows 16wr) runs
-    // the products of its column blocks (32wc, 16wc) as wgmma with A and B read from the planes:
-    // its accumulators land in the same fragments the mma.sync form below builds, and the loop
-    // issues no ldmatrix. Both k16 steps stay in flight through the <S0, dS_C> sum and dV below.
-    // (Session 12 measured A from registers: under the 128-register cap ptxas serialised the MMAs.)
+    // (the mma.sync form below: warp (wr, wc) builds those tiles of all five products.)
+    // On sm_90a each warpgroup runs one product at full width as wgmma, A and B read from the
+    // planes (v51): warpgroup 0 dQ, 1 dKs, 2 dW (two m64n64 halves each), 3 PD and dT (m64n64),
+    // all in vacc. An A plane is then read by one or two MMAs per k16 step instead of by all four
+    // warpgroups: 160 KB of operand reads per slice instead of 272 KB (v50 split each product's
+    // columns over the warpgroups, m64n32 / m64n16, and the loop was bound by shared memory;
+    // m64n128 would read 128 KB, but ptxas serialised it, C7511). After the loop the accumulators
+    // go through shared memory once into the fragments of the mma.sync form.
+    // Both k16 steps stay in flight through the <S0, dS_C> sum and dV below. (Session 12
+    // measured A from registers: under the 128-register cap ptxas serialised the MMAs.)
 #if GDN_BWD_WGMMA
-    // (all B descriptors from two: the planes lie at fixed byte offsets from S0p and Dlp)
-    const uint64_t dS = wg::desc_rows(S0p, 32 * wc), dD = wg::desc_rows(Dlp, 16 * wc);
-    constexpr uint32_t kP = 2 * SPL, kQ = 2 * CPL;  // bytes of one [128][32], one [64][32] plane
     {
-      const uint64_t dA = wg::desc_rows(Dlp, 0);  // A planes: Dh 0, Dl kQ, dDh 2kQ, dDl 3kQ, dO 4kQ
-      wg::fence();
+      // (all descriptors from two: the planes lie at fixed byte offsets from S0p and Dlp)
+      constexpr uint32_t kP = 2 * SPL, kQ = 2 * CPL;  // bytes of one [128][32], one [64][32] plane
+      constexpr uint32_t kHalf = 64 * 64;  // bytes to rows 64.. of a [128][32] plane (N = 64 halves)
+      // B planes: S0 h/l at 0, kP; dS_C h/l at 2kP, 3kP. A planes (and B of PD, dT): Dh 0, Dl kQ,
+      // dDh 2kQ, dDl 3kQ, dO 4kQ, v 5kQ
+      const uint64_t dS = wg::desc_rows(S0p, 0), dA = wg::desc_rows(Dlp, 0);
+      // (the branch per warpgroup, each with its own fence: ptxas then keeps the accumulator
+      // registers in place and issues the MMAs without serialising them)
+      const auto issue = [&](auto&& one_step) {
+        wg::fence();
 #pragma unroll
-      for (int k0 = 0; k0 < BV; k0 += 16) {
-        const uint32_t ks = (k0 / 16) * wg::kKStep;
-        const uint64_t ao = wg::desc_add(dA, ks + 4 * kQ), aDh = wg::desc_add(dA, ks), aDl = wg::desc_add(dA, ks + kQ),
-                       adh = wg::desc_add(dA, ks + 2 * kQ), adl = wg::desc_add(dA, ks + 3 * kQ);
-        wg::mma_ss(aQ, ao, wg::desc_add(dS, ks + kP));
-        wg::mma_ss(aQ, ao, wg::desc_add(dS, ks));
-        wg::mma_ss(aKs, aDl, wg::desc_add(dS, ks + 2 * kP));
-        wg::mma_ss(aKs, aDh, wg::desc_add(dS, ks + 3 * kP));
-        wg::mma_ss(aKs, aDh, wg::desc_add(dS, ks + 2 * kP));
-        wg::mma_ss(aW, adl, wg::desc_add(dS, ks));
-        wg::mma_ss(aW, adh, wg::desc_add(dS, ks + kP));
-        wg::mma_ss(aW, adh, wg::desc_add(dS, ks));
-        wg::mma_ss(aPD, ao, wg::desc_add(dD, ks + kQ));
-        wg::mma_ss(aPD, ao, wg::desc_add(dD, ks));
-        wg::mma_ss(aT, adl, wg::desc_add(dD, ks + 5 * kQ));
-        wg::mma_ss(aT, adh, wg::desc_add(dD, ks + 5 * kQ));
+        for (int k0 = 0; k0 < BV; k0 += 16) one_step((k0 / 16) * wg::kKStep);
+        wg::commit();
+      };
+      if (wc == 0) {
+        issue([&](uint32_t ks) {
+          const uint64_t ao = wg::desc_add(dA, ks + 4 * kQ);
+          wg::mma_ss_n64<0>(vacc, ao, wg::desc_add(dS, ks + kP));
+          wg::mma_ss_n64<8>(vacc, ao, wg::desc_add(dS, ks + kP + kHalf));
+          wg::mma_ss_n64<0>(vacc, ao, wg::desc_add(dS, ks));
+          wg::mma_ss_n64<8>(vacc, ao, wg::desc_add(dS, ks + kHalf));
+        });
+      } else if (wc == 1) {
+        issue([&](uint32_t ks) {
+          const uint64_t aDh = wg::desc_add(dA, ks), aDl = wg::desc_add(dA, ks + kQ);
+          wg::mma_ss_n64<0>(vacc, aDl, wg::desc_add(dS, ks + 2 * kP));
+          wg::mma_ss_n64<8>(vacc, aDl, wg::desc_add(dS, ks + 2 * kP + kHalf));
+          wg::mma_ss_n64<0>(vacc, aDh, wg::desc_add(dS, ks + 3 * kP));
+          wg::mma_ss_n64<8>(vacc, aDh, wg::desc_add(dS, ks + 3 * kP + kHalf));
+          wg::mma_ss_n64<0>(vacc, aDh, wg::desc_add(dS, ks + 2 * kP));
+          wg::mma_ss_n64<8>(vacc, aDh, wg::desc_add(dS, ks + 2 * kP + kHalf));
+        });
+      } else if (wc == 2) {
+        issue([&](uint32_t ks) {
+          const uint64_t adh = wg::desc_add(dA, ks + 2 * kQ), adl = wg::desc_add(dA, ks + 3 * kQ);
+          wg::mma_ss_n64<0>(vacc, adl, wg::desc_add(dS, ks));
+          wg::mma_ss_n64<8>(vacc, adl, wg::desc_add(dS, ks + kHalf));
+          wg::mma_ss_n64<0>(vacc, adh, wg::desc_add(dS, ks + kP));
+          wg::mma_ss_n64<8>(vacc, adh, wg::desc_add(dS, ks + kP + kHalf));
+          wg::mma_ss_n64<0>(vacc, adh, wg::desc_add(dS, ks));
+          wg::mma_ss_n64<8>(vacc, adh, wg::desc_add(dS, ks + kHalf));
+        });
+      } else {
+        issue([&](uint32_t ks) {
+          const uint64_t ao = wg::desc_add(dA, ks + 4 * kQ), adh = wg::desc_add(dA, ks + 2 * kQ),
+                         adl = wg::desc_add(dA, ks + 3 * kQ);
+          wg::mma_ss_n64<0>(vacc, ao, wg::desc_add(dA, ks + kQ));
+          wg::mma_ss_n64<0>(vacc, ao, wg::desc_add(dA, ks));
+          wg::mma_ss_n64<8>(vacc, adl, wg::desc_add(dA, ks + 5 * kQ));
+          wg::mma_ss_n64<8>(vacc, adh, wg::desc_add(dA, ks + 5 * kQ));
+        });
       }
-      wg::commit();
     }
 #else
 #pragma unroll
@@ -413,7 +451,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     }
 #if GDN_BWD_WGMMA
     wg::wait<0>();  // (the last k16 step's MMAs ran alongside the <S0, dS_C> sum and dV)
-    wg::pin(aQ); wg::pin(aKs); wg::pin(aW); wg::pin(aPD); wg::pin(aT);
+    wg::pin(vacc);
 #endif
     GDN_PH(4);
   }
@@ -423,6 +461,42 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     for (int o = 16; o; o >>= 1) frob += __shfl_xor_sync(0xffffffffu, frob, o);
     if (lane == 0) red[warp] = frob;
   }
+#if GDN_BWD_WGMMA
+  // The products to the fragments of the mma.sync form: warpgroup g's 16 n8 tiles of product g
+  // through shared memory as [g][tile][wr][lane] float4 (the same rows wr, gq in both layouts:
+  // only columns change warpgroup), then warp (wr, wc) takes tiles 4wc.. of dQ, dKs, dW and
+  // 2wc.. of PD, 8 + 2wc.. of dT. (Whole-warp float4 runs: no bank conflicts.)
+  {
+    static_assert(4 * 16 * 4 * 32 * 4 <= kUnion, "the redistribution fits the union");
+    float4* const R = reinterpret_cast<float4*>(U) + wr * 32 + lane;
+    __syncthreads();  // every reader of the last slice's buffer is done
+    // (the tiles a warpgroup keeps for itself stay in registers: 4 of its 16)
+    const auto kept = [&](int n) { return wc < 3 ? n >> 2 == wc : (n & 7) >> 1 == 3; };
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+      if (!kept(n)) R[(wc * 16 + n) * 128] = make_float4(vacc[n][0], vacc[n][1], vacc[n][2], vacc[n][3]);
+    __syncthreads();
+    const auto take = [&](float (&a)[4], int g, int tile, bool own, const float (&mine)[4]) {
+      if (own) {
+        a[0] = mine[0]; a[1] = mine[1]; a[2] = mine[2]; a[3] = mine[3];
+      } else {
+        const float4 x = R[(g * 16 + tile) * 128];
+        a[0] = x.x; a[1] = x.y; a[2] = x.z; a[3] = x.w;
+      }
+    };
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      take(aQ[n], 0, 4 * wc + n, wc == 0, vacc[n]);
+      take(aKs[n], 1, 4 * wc + n, wc == 1, vacc[4 + n]);
+      take(aW[n], 2, 4 * wc + n, wc == 2, vacc[8 + n]);
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      take(aPD[n], 3, 2 * wc + n, wc == 3, vacc[6 + n]);
+      take(aT[n], 3, 8 + 2 * wc + n, wc == 3, vacc[14 + n]);
+    }
+  }  // (the barrier below frees the union again)
+#endif
   const float gl = gam[L - 1];
   // scale the V-loop accumulators (rows >= L selected to 0). A lane's fragments span two rows,
   // 16wr + gq and 16wr + gq + 8 (bit 3 of for_frag's tile row), so the factors are taken per row:

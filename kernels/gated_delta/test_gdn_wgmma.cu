@@ -4,7 +4,9 @@
 // without a GPU that runs sm_90a code.
 // - gdn_bwd_chunk_kernel: four warpgroups, warpgroup g computing columns [8*NT*g, 8*NT*(g+1)) of
 //   D[64][R] = A[64][32] B^T, A a swizzled [64][32] plane and B a swizzled [R][32] plane, both
-//   through K-major descriptors (desc_rows, two k16 steps).
+//   through K-major descriptors (desc_rows, two k16 steps). And its V loop's form: every
+//   warpgroup computing all 128 columns of D[64][128] = A B^T as two m64n64 halves (mma_ss_n64
+//   into tiles 0-7 and 8-15, B rows 64.. 4096 bytes on), each warpgroup's copy checked.
 // - gdn_state16t_kernel (the forward): one warpgroup, fp16 A from registers, B in the 128-byte
 //   swizzle: a [2][128][64] region of two column blocks (rows 0-63 "K", 64-127 "Q"), read K-major
 //   as X = A1 K^T and O = A1 Q^T (k = 128, both column blocks) and MN-major as S = A2 K (n = 128,
@@ -33,17 +35,17 @@ constexpr int M = 64, KD = 32;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Commits and waits for the warpgroup's MMAs, then writes its accumulator tile (columns
-// [8*NT*g, 8*NT*(g+1)) of warpgroup g) into D[64][ld] in the mma.m16n8 fragment layout, and
-// marks the sm_90a path as run.
+// [col0, col0 + 8*NT)) into D[64][ld] in the mma.m16n8 fragment layout, and marks the sm_90a
+// path as run.
 template <int NT>
-__device__ void finish(float (&d)[NT][4], float* D, int ld, int* ran) {
+__device__ void finish(float (&d)[NT][4], float* D, int ld, int* ran, int col0) {
   wg::commit();
   wg::wait<0>();
   wg::pin(d);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = warp & 3, g = warp >> 2;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = warp & 3;
   for (int n = 0; n < NT; ++n)
     for (int e = 0; e < 4; ++e) {
-      const int r = 16 * w + (lane >> 2) + 8 * (e >> 1), c = 8 * NT * g + 8 * n + 2 * (lane & 3) + (e & 1);
+      const int r = 16 * w + (lane >> 2) + 8 * (e >> 1), c = col0 + 8 * n + 2 * (lane & 3) + (e & 1);
       D[r * ld + c] = d[n][e];
     }
   if (threadIdx.x == 0) *ran = 1;
@@ -64,7 +66,28 @@ __global__ void wg_product(const float* A, const float* B, float* D, int* ran) {
   wg::fence();
 #pragma unroll
   for (int k = 0; k < KD / 16; ++k) wg::mma_ss(d, wg::desc_add(da, k * wg::kKStep), wg::desc_add(db, k * wg::kKStep));
-  finish(d, D, R, ran);
+  finish(d, D, R, ran, 8 * NT * g);
+#endif
+}
+
+// The V loop's form: D[64][128] per warpgroup (warpgroup g writes its copy at D + g * 64 * 128)
+__global__ void wg_product_halves(const float* A, const float* B, float* D, int* ran) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int R = 128;
+  __shared__ __align__(1024) __nv_bfloat16 As[M * KD], Bs[R * KD];
+  for (int i = threadIdx.x; i < M * KD; i += blockDim.x) As[wg::sw64(i / KD, i % KD)] = __float2bfloat16(A[i]);
+  for (int i = threadIdx.x; i < R * KD; i += blockDim.x) Bs[wg::sw64(i / KD, i % KD)] = __float2bfloat16(B[i]);
+  wg::fence_smem();
+  __syncthreads();
+  float d[16][4] = {};
+  const uint64_t db = wg::desc_rows(Bs, 0), da = wg::desc_rows(As, 0);
+  wg::fence();
+#pragma unroll
+  for (int k = 0; k < KD / 16; ++k) {
+    wg::mma_ss_n64<0>(d, wg::desc_add(da, k * wg::kKStep), wg::desc_add(db, k * wg::kKStep));
+    wg::mma_ss_n64<8>(d, wg::desc_add(da, k * wg::kKStep), wg::desc_add(db, k * wg::kKStep + 64 * 64));
+  }
+  finish(d, D + (threadIdx.x >> 7) * M * R, R, ran, 0);
 #endif
 }
 
@@ -93,7 +116,7 @@ __global__ void wg_wy_product(const float* A, const float* B, float* D, int* ran
   for (int kk = 0; kk < KD / 16; ++kk)
     wg::mma_ss<TA, TB>(d, wg::desc_add(da, TA ? kk * wg::kMn128Step : wg::k128_step(kk)),
                        wg::desc_add(db, TB ? kk * wg::kMn128Step : wg::k128_step(kk)));
-  finish(d, D, NB, ran);
+  finish(d, D, NB, ran, 8 * NT * g);
 #endif
 }
 
@@ -253,6 +276,20 @@ bool run_case(std::mt19937& rng) {
                          label);
 }
 
+bool run_halves_case(std::mt19937& rng) {
+  constexpr int R = 128;
+  std::uniform_int_distribution<int> u(-4, 4);
+  std::vector<float> a(M * KD), b(R * KD), ref(4 * M * R, 0.f);
+  for (auto& x : a) x = (float)u(rng);
+  for (auto& x : b) x = (float)u(rng);
+  for (int g = 0; g < 4; ++g)
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < R; ++n)
+        for (int k = 0; k < KD; ++k) ref[(g * M + m) * R + n] += a[m * KD + k] * b[n * KD + k];
+  return run_and_compare(a, b, ref, [](float* dA, float* dB, float* dD, int* ran) { wg_product_halves<<<1, 512>>>(dA, dB, dD, ran); },
+                         "m64n64 x 2 halves, B plane of 128 rows, every warpgroup at full width (the V loop)");
+}
+
 template <int NT, int TA, int TB, int KD, int NB>
 bool run_wy_case(std::mt19937& rng, const char* what) {
   std::uniform_int_distribution<int> u(-4, 4);
@@ -286,9 +323,10 @@ int main() {
   std::mt19937 rng(12345);
   bool ok = true;
   for (int rep = 0; rep < 3; ++rep) {
-    // aQ, aKs, aW: B = S0 or dS_C planes [128][32]; aPD, aT: B = Delta or v planes [64][32]
+    // the wrappers at the WY part's widths on [128][32] and [64][32] planes; the V loop's form
     ok &= run_case<4, 128>(rng);
     ok &= run_case<2, 64>(rng);
+    ok &= run_halves_case(rng);
     ok &= run_forward_case<false>(rng);
     ok &= run_forward_case<true>(rng);
     ok &= run_wy_case<2, 0, 0, 128, 64>(rng, "K K^T, Q K^T, dW K^T, dT T^T");
