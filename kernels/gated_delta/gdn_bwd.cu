@@ -29,10 +29,12 @@ GDN_PH_HOST(gdn_debug_phases_bwd)
 constexpr int kBwdThreads = 512;
 constexpr int SPL = DK * BV;  // one [128][BV] plane
 constexpr int CPL = C * BV;   // one [64][BV] plane
-// One V-slice buffer (bf16): S0 and dS_C planes [2][128][BV], Delta and dDelta planes
-// [2][64][BV], raw dO and v slices [64][BV], each 64-byte swizzled (wg::sw64, the layout of the
-// wgmma operands). The V loop double-buffers it.
-constexpr int kSliceEl = 4 * SPL + 6 * CPL;
+// One V-slice buffer (bf16): S0 and dS_C planes [2][128][BV], Delta planes [2][64][BV], raw dO
+// and v slices [64][BV], each 64-byte swizzled (wg::sw64, the layout of the wgmma operands). The
+// V loop double-buffers it. The dDelta planes [2][64][BV] of every slice stay for the item
+// (kDdEl at union offset kDdOff: dV = T^T dDelta after the loop).
+constexpr int kSliceEl = 4 * SPL + 4 * CPL;
+constexpr int kDdEl = NVS * 2 * CPL;
 // The raw q/k tiles and the dW planes are [64][128] bf16 matrices as two [64][64] column blocks in
 // the 128-byte swizzle (wg::el128), the layout of the WY part's wgmma operands; the [64][64]
 // planes (T, XpA, XpB, dT) are swz<64> planes, the same layout as one block.
@@ -56,13 +58,20 @@ constexpr int kQkF = C * DK;  // Kb and Qb (floats)
 constexpr int kDwF = C * DK;  // the dW hi/lo planes (floats)
 // post-loop view of the union (floats): KK, Pg, dT scratch; XpA, XpB plane pairs; dW planes; M1, G
 constexpr int kPostF = 3 * C * LDC + 2 * C * C + kDwF + 2 * C * LDC;
-constexpr int kUnion = (kSliceEl > kPostF) ? kSliceEl : kPostF;  // two bf16 slice buffers = kSliceEl floats
+// the redistribution of the V loop's accumulators (gdn_bwd_chunk's [4][16][4][32] float4) lies
+// below the dDelta planes, which dV still reads then
+constexpr int kRedistF = 4 * 16 * 4 * 32 * 4;
+constexpr int kDdOff = kRedistF;  // (floats; above the two slice buffers too)
+static_assert(kSliceEl <= kDdOff, "slice buffers below the dDelta planes");
+constexpr int kUnionA = kDdOff + kDdEl / 2;
+constexpr int kUnion = (kUnionA > kPostF) ? kUnionA : kPostF;
 constexpr int kBwdSmemF = kQkF + C * C + kUnion + 28 * C + 8;
 
 // wgmma operands with the 128-byte swizzle start on 1024-byte boundaries (the q/k tiles, T planes,
 // XpA, XpB, dW and dT planes); the 64-byte-swizzled slice planes on 512-byte ones.
 static_assert(kQkF * 4 % 1024 == 0 && (kQkF + C * C) * 4 % 1024 == 0 && 3 * C * LDC * 4 % 1024 == 0 &&
                   (3 * C * LDC + 2 * C * C + kDwF) * 4 % 1024 == 0 && kSliceEl * 2 % 512 == 0 && SPL * 2 % 512 == 0 &&
+                  kDdOff * 4 % 512 == 0 &&
                   CPL * 2 % 512 == 0,
               "operand alignment");
 size_t bwd_smem_bytes() { return (size_t)kBwdSmemF * sizeof(float); }
@@ -113,8 +122,9 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   __nv_bfloat16* Qb = Kb + C * DK;
   __nv_bfloat16* Tpb = Qb + C * DK;  // T planes [2][64][64] (swizzled)
   float* U = reinterpret_cast<float*>(Tpb + 2 * C * C);  // union
-  // V-loop view: two slice buffers
+  // V-loop view: two slice buffers, the dDelta planes of all slices
   __nv_bfloat16* const slice_buf = reinterpret_cast<__nv_bfloat16*>(U);
+  __nv_bfloat16* const dDall = reinterpret_cast<__nv_bfloat16*>(U + kDdOff);  // [NVS][2][64][BV]
   // post-loop view
   float* KKs = U;                // [C][LDC]
   float* Pgs = KKs + C * LDC;
@@ -129,7 +139,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   float* Gs = M1s + C * LDC;     // [C][LDC]
   float* gam = U + kUnion;
   float* bet = gam + C;
-  float* dbp = bet + C;          // [4][C] dbeta partial (V loop)
+  float* dbp = bet + C;          // [4][C] dbeta partials
   float* rp = dbp + 4 * C;       // [4][C] row partial scratch
   float* dgam = rp + 4 * C;      // [C]
   float* dbt = dgam + C;         // [C]
@@ -162,10 +172,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     const int r = tid < L ? tid : L - 1;
     cp_async4(gam + tid, p.gam + (t0 + r) * p.HV + hv, 4);
     cp_async4(bet + tid, p.bet + (t0 + r) * p.HV + hv, tid < L ? 4 : 0);
-    dbp[tid] = 0.f;
-    dbp[C + tid] = 0.f;
-    dbp[2 * C + tid] = 0.f;
-    dbp[3 * C + tid] = 0.f;
   }
 
   float aQ[4][4], aKs[4][4], aW[4][4], aPD[2][4], aT[2][4];
@@ -227,9 +233,9 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #endif
   float frob = 0.f;
   static_assert(2 * DK * BV / 8 == 2 * kBwdThreads && 2 * C * BV / 8 == kBwdThreads, "slice/threads");
-  // Slice vs into buffer B: the four plane pairs of the workspace, dO and v rows (zero beyond L)
-  // as 16-byte copies when aligned, plain stores otherwise, all into the swizzled planes. Complete
-  // after cp_async_wait + __syncthreads.
+  // Slice vs into buffer B: three plane pairs of the workspace, dO and v rows (zero beyond L)
+  // as 16-byte copies when aligned, plain stores otherwise, all into the swizzled planes; the
+  // dDelta pair into dDall. Complete after cp_async_wait + __syncthreads.
   const auto load_slice = [&](int vs, __nv_bfloat16* B) {
     const int64_t so = slice_planes(c, p.HV, hv, vs, DK), co = slice_planes(c, p.HV, hv, vs, C);
     const uint64_t once = l2_evict_first();  // (the planes are read once)
@@ -244,7 +250,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       const int v = tid, pl = v >> 8;
       const int r = (v >> 2) & (C - 1), c8 = (v & 3) * 8;
       cp_async16_once(B + 4 * SPL + pl * CPL + wg::sw64(r, c8), p.Dl + co + v * 8, 16, once);
-      cp_async16_once(B + 4 * SPL + 2 * CPL + pl * CPL + wg::sw64(r, c8), p.dDl + co + v * 8, 16, once);
+      cp_async16_once(dDall + vs * 2 * CPL + pl * CPL + wg::sw64(r, c8), p.dDl + co + v * 8, 16, once);
     }
     const int v0 = vs * BV;
     const int rb = (tid & 255) >> 2, c8 = (tid & 3) * 8;  // threads < 256: dO, the others: v
@@ -252,7 +258,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     const __nv_bfloat16* src = isdo ? bf16_at(p.dO, t0 * p.do_st + (int64_t)hv * p.do_sh + v0)
                                     : bf16_at(p.v, t0 * p.v_st + (int64_t)hv * p.v_sh + v0);
     const int64_t sst = isdo ? p.do_st : p.v_st;
-    __nv_bfloat16* d = B + 4 * SPL + 4 * CPL + (isdo ? 0 : CPL) + wg::sw64(rb, c8);
+    __nv_bfloat16* d = B + 4 * SPL + 2 * CPL + (isdo ? 0 : CPL) + wg::sw64(rb, c8);
     if (p.vec_do && p.vec_v) {
       cp_async16(d, src + (rb < L ? rb : 0) * sst + c8, rb < L ? 16 : 0);
     } else {
@@ -271,7 +277,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   cp_async_commit();
 #pragma unroll 1
   for (int vs = 0; vs < NVS; ++vs) {
-    const int v0 = vs * BV;
     // One barrier per slice: slice vs (and the q/k tiles, T planes) landed, and every reader of
     // the other buffer (slice vs - 1) is done; then slice vs + 1 loads into it during this one.
     // (The proxy fence comes with nothing in flight: it would wait for a pending copy too.)
@@ -284,10 +289,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     cp_async_commit();
     __nv_bfloat16* const S0p = slice_buf + (vs & 1) * kSliceEl;
     __nv_bfloat16* const dSp = S0p + 2 * SPL;
-    __nv_bfloat16* const Dlp = dSp + 2 * SPL;
-    __nv_bfloat16* const DDp = Dlp + 2 * CPL;
-    __nv_bfloat16* const dOb = DDp + 2 * CPL;
-    __nv_bfloat16* const Vb = dOb + CPL;
+    __nv_bfloat16* const Dlp = dSp + 2 * SPL;  // Delta h/l, then dO and v
+    __nv_bfloat16* const DDp = dDall + vs * 2 * CPL;
     GDN_PH(2);
     // dQ += dO S0^T ; dKs += Delta dSC^T ; dW += dDelta S0^T   (16 x 32 tiles: rows 16wr, cols 32wc)
     // PD += dO Delta^T ; dT += dDelta V^T                     (16 x 16 tiles: rows 16wr, cols 16wc)
@@ -299,16 +302,16 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     // columns over the warpgroups, m64n32 / m64n16, and the loop was bound by shared memory;
     // m64n128 would read 128 KB, but ptxas serialised it, C7511). After the loop the accumulators
     // go through shared memory once into the fragments of the mma.sync form.
-    // Both k16 steps stay in flight through the <S0, dS_C> sum and dV below. (Session 12
-    // measured A from registers: under the 128-register cap ptxas serialised the MMAs.)
+    // Both k16 steps stay in flight through the <S0, dS_C> sum below. (Session 12 measured A
+    // from registers: under the 128-register cap ptxas serialised the MMAs.)
 #if GDN_BWD_WGMMA
     {
-      // (all descriptors from two: the planes lie at fixed byte offsets from S0p and Dlp)
+      // (all descriptors from three: the planes lie at fixed byte offsets from S0p, Dlp and DDp)
       constexpr uint32_t kP = 2 * SPL, kQ = 2 * CPL;  // bytes of one [128][32], one [64][32] plane
       constexpr uint32_t kHalf = 64 * 64;  // bytes to rows 64.. of a [128][32] plane (N = 64 halves)
       // B planes: S0 h/l at 0, kP; dS_C h/l at 2kP, 3kP. A planes (and B of PD, dT): Dh 0, Dl kQ,
-      // dDh 2kQ, dDl 3kQ, dO 4kQ, v 5kQ
-      const uint64_t dS = wg::desc_rows(S0p, 0), dA = wg::desc_rows(Dlp, 0);
+      // dO 2kQ, v 3kQ from Dlp; dDh 0, dDl kQ from DDp
+      const uint64_t dS = wg::desc_rows(S0p, 0), dA = wg::desc_rows(Dlp, 0), dE = wg::desc_rows(DDp, 0);
       // (the branch per warpgroup, each with its own fence: ptxas then keeps the accumulator
       // registers in place and issues the MMAs without serialising them)
       const auto issue = [&](auto&& one_step) {
@@ -319,7 +322,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       };
       if (wc == 0) {
         issue([&](uint32_t ks) {
-          const uint64_t ao = wg::desc_add(dA, ks + 4 * kQ);
+          const uint64_t ao = wg::desc_add(dA, ks + 2 * kQ);
           wg::mma_ss_n64<0>(vacc, ao, wg::desc_add(dS, ks + kP));
           wg::mma_ss_n64<8>(vacc, ao, wg::desc_add(dS, ks + kP + kHalf));
           wg::mma_ss_n64<0>(vacc, ao, wg::desc_add(dS, ks));
@@ -337,7 +340,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         });
       } else if (wc == 2) {
         issue([&](uint32_t ks) {
-          const uint64_t adh = wg::desc_add(dA, ks + 2 * kQ), adl = wg::desc_add(dA, ks + 3 * kQ);
+          const uint64_t adh = wg::desc_add(dE, ks), adl = wg::desc_add(dE, ks + kQ);
           wg::mma_ss_n64<0>(vacc, adl, wg::desc_add(dS, ks));
           wg::mma_ss_n64<8>(vacc, adl, wg::desc_add(dS, ks + kHalf));
           wg::mma_ss_n64<0>(vacc, adh, wg::desc_add(dS, ks + kP));
@@ -347,16 +350,18 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         });
       } else {
         issue([&](uint32_t ks) {
-          const uint64_t ao = wg::desc_add(dA, ks + 4 * kQ), adh = wg::desc_add(dA, ks + 2 * kQ),
-                         adl = wg::desc_add(dA, ks + 3 * kQ);
+          const uint64_t ao = wg::desc_add(dA, ks + 2 * kQ), adh = wg::desc_add(dE, ks),
+                         adl = wg::desc_add(dE, ks + kQ);
           wg::mma_ss_n64<0>(vacc, ao, wg::desc_add(dA, ks + kQ));
           wg::mma_ss_n64<0>(vacc, ao, wg::desc_add(dA, ks));
-          wg::mma_ss_n64<8>(vacc, adl, wg::desc_add(dA, ks + 5 * kQ));
-          wg::mma_ss_n64<8>(vacc, adh, wg::desc_add(dA, ks + 5 * kQ));
+          wg::mma_ss_n64<8>(vacc, adl, wg::desc_add(dA, ks + 3 * kQ));
+          wg::mma_ss_n64<8>(vacc, adh, wg::desc_add(dA, ks + 3 * kQ));
         });
       }
     }
 #else
+    __nv_bfloat16* const dOb = Dlp + 2 * CPL;
+    __nv_bfloat16* const Vb = dOb + CPL;
 #pragma unroll
     for (int k0 = 0; k0 < BV; k0 += 16) {
       uint32_t ao[4], aDh[4], aDl[4], adh[4], adl[4];
@@ -419,7 +424,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         frob += (ah.x + al.x) * (bh.x + bl.x) + (ah.y + al.y) * (bh.y + bl.y);
       }
     }
-    {  // dV = diag(beta) T^T dDelta (16 x 8 tiles: rows 16wr, cols 8wc) ; dbeta += rowsum(T^T dDelta .* V)
+#if !GDN_BWD_WGMMA
+    {  // dV = diag(beta) T^T dDelta (16 x 8 tiles: rows 16wr, cols 8wc; on sm_90a after the loop)
       float acc[1][4], acc2[1][4];  // two accumulators: two independent MMA chains
       zero_acc(acc);
       zero_acc(acc2);
@@ -438,19 +444,13 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         mma_bf16(acc[0], ah, bh[0], bh[1]);
       }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[0][e] += acc2[0][e];
-      float r0, r1;
-      frag_rowdot(acc, [&](int r, int j) { return __bfloat162float(Vb[wg::sw64(16 * wr + r, 8 * wc + j)]); }, r0, r1);
-      if (tq == 0) {
-        dbp[wc * C + 16 * wr + gq] += r0;
-        dbp[wc * C + 16 * wr + gq + 8] += r1;
-      }
-      for_frag(acc, [&](int r, int, float& x) { x *= bet[16 * wr + r]; });
-      store_grad_rows(p.dv, p.gdt, t0 * p.dv_st + (int64_t)hv * p.dv_sh + v0, p.dv_st, acc, 16 * wr, 8 * wc, L,
+      for (int e = 0; e < 4; ++e) acc[0][e] = bet[16 * wr + gq + 8 * (e >> 1)] * (acc[0][e] + acc2[0][e]);
+      store_grad_rows(p.dv, p.gdt, t0 * p.dv_st + (int64_t)hv * p.dv_sh + vs * BV, p.dv_st, acc, 16 * wr, 8 * wc, L,
                       p.pair_dv);
     }
+#endif
 #if GDN_BWD_WGMMA
-    wg::wait<0>();  // (the last k16 step's MMAs ran alongside the <S0, dS_C> sum and dV)
+    wg::wait<0>();  // (the last k16 step's MMAs ran alongside the <S0, dS_C> sum)
     wg::pin(vacc);
 #endif
     GDN_PH(4);
@@ -466,8 +466,27 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // through shared memory as [g][tile][wr][lane] float4 (the same rows wr, gq in both layouts:
   // only columns change warpgroup), then warp (wr, wc) takes tiles 4wc.. of dQ, dKs, dW and
   // 2wc.. of PD, 8 + 2wc.. of dT. (Whole-warp float4 runs: no bank conflicts.)
+  // dV = diag(beta) T^T dDelta for all 128 columns (v53; it was a 16 x 8 tile per warp and slice
+  // on mma.sync, 96 KB of ldmatrix per slice): warpgroup wc the 32 of slice wc, A = T^T (the T
+  // planes MN-major), B = the slice's dDelta planes (MN-major, 64-byte swizzle), hi/lo x hi/lo in
+  // three products; it runs under the redistribution below (which stays below kDdOff).
+  float aV[4][4];
+  zero_acc(aV);
   {
-    static_assert(4 * 16 * 4 * 32 * 4 <= kUnion, "the redistribution fits the union");
+    constexpr uint32_t kTlo = C * C * 2, kDlo = 2 * CPL;  // bytes to the lo plane of T, of dDelta
+    const uint64_t a = wg::mn128(Tpb, 0), b = wg::desc64_mn(dDall + wc * 2 * CPL);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+      const uint64_t ak = wg::desc_add(a, kk * wg::kMn128Step), bk = wg::desc_add(b, kk * wg::kMn64Step);
+      wg::mma_ss<1, 1>(aV, wg::desc_add(ak, kTlo), bk);
+      wg::mma_ss<1, 1>(aV, ak, wg::desc_add(bk, kDlo));
+      wg::mma_ss<1, 1>(aV, ak, bk);
+    }
+    wg::commit();
+  }
+  {
+    static_assert(kRedistF <= kDdOff, "the redistribution lies below the dDelta planes");
     float4* const R = reinterpret_cast<float4*>(U) + wr * 32 + lane;
     __syncthreads();  // every reader of the last slice's buffer is done
     // (the tiles a warpgroup keeps for itself stay in registers: 4 of its 16)
@@ -496,7 +515,36 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       take(aT[n], 3, 8 + 2 * wc + n, wc == 3, vacc[14 + n]);
     }
   }  // (the barrier below frees the union again)
+  wg::wait<0>();
+  wg::pin(aV);
+  for_frag(aV, [&](int r, int, float& x) { x *= bet[16 * wr + r]; });
+  store_grad_rows(p.dv, p.gdt, t0 * p.dv_st + (int64_t)hv * p.dv_sh, p.dv_st, aV, 16 * wr, 32 * wc, L, p.pair_dv);
 #endif
+  // dbeta_b (before the sigmoid) = sum_v (T^T dDelta)_bv v_bv = sum_a T_ab (dDelta v^T)_ab: the
+  // column sums of T .* dT-accumulator aT (T hi + lo), by warp row block into dbp[wr][b]
+  {
+    float cs[2][2];
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int b = 16 * wc + 8 * n + 2 * tq + u;
+        float x = 0.f;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int a = 16 * wr + gq + 8 * hh, o = swz_el<C>(a, b);
+          x += (__bfloat162float(Tpb[o]) + __bfloat162float(Tpb[C * C + o])) * aT[n][2 * hh + u];
+        }
+#pragma unroll
+        for (int m = 4; m < 32; m <<= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+        cs[n][u] = x;
+      }
+    if (gq == 0)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) dbp[wr * C + 16 * wc + 8 * n + 2 * tq + u] = cs[n][u];
+  }
   const float gl = gam[L - 1];
   // scale the V-loop accumulators (rows >= L selected to 0). A lane's fragments span two rows,
   // 16wr + gq and 16wr + gq + 8 (bit 3 of for_frag's tile row), so the factors are taken per row:

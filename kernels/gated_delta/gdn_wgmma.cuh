@@ -169,6 +169,11 @@ __device__ __forceinline__ uint64_t mn128(const void* m, int n0) {
   return desc128_mn(static_cast<const char*>(m) + (n0 >> 6) * kTile128 + (n0 & 63) * 2, kTile128);
 }
 constexpr uint32_t kMn128Step = 16 * 128;
+// MN-major operand from a 64-byte-swizzled [rows][32] plane (sw64 above: B[k][n] stored as rows k,
+// the 32 n contiguous; one swizzle atom wide, so N <= 32 and LBO unused): 8-row groups along k
+// 512 B apart (SBO), layout type 2. A k16 step is 16 rows further. (The backward's dV: B = dDelta.)
+__device__ __forceinline__ uint64_t desc64_mn(const __nv_bfloat16* plane) { return desc(plane, 16, 512) | (2ull << 62); }
+constexpr uint32_t kMn64Step = 16 * 64;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 // D[64][8 NT] (accumulator tiles O..O+NT-1 of d) += A[64][16] B[16][8 NT], fp16 x fp16 -> fp32.

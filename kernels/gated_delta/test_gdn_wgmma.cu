@@ -17,6 +17,9 @@
 //   swizzle as the kernel keeps them (wg::el128 column blocks): A K-major or stored transposed
 //   (MN-major), B stored as B^T (K-major) or as B (MN-major, each warpgroup starting inside a
 //   128-byte row), through the kernel's descriptor helpers (k128, mn128).
+// - the same kernel's dV: every warpgroup D[64][32] = T^T dDelta, A = T stored [64][64] in the
+//   128-byte swizzle (MN-major), B = a 64-byte-swizzled [64][32] plane read MN-major (desc64_mn),
+//   each warpgroup's copy checked.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -117,6 +120,24 @@ __global__ void wg_wy_product(const float* A, const float* B, float* D, int* ran
     wg::mma_ss<TA, TB>(d, wg::desc_add(da, TA ? kk * wg::kMn128Step : wg::k128_step(kk)),
                        wg::desc_add(db, TB ? kk * wg::kMn128Step : wg::k128_step(kk)));
   finish(d, D, NB, ran, 8 * NT * g);
+#endif
+}
+
+// The dV form (see the top): A = M^T for M stored [64][64] (el128), B[64][32] a sw64 plane.
+__global__ void wg_dv_product(const float* A, const float* B, float* D, int* ran) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __shared__ __align__(1024) __nv_bfloat16 As[64 * 64], Bs[64 * 32];
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) As[wg::el128(i % 64, i / 64)] = __float2bfloat16(A[i]);  // A[m][k] at M[k][m]
+  for (int i = threadIdx.x; i < 64 * 32; i += blockDim.x) Bs[wg::sw64(i / 32, i % 32)] = __float2bfloat16(B[i]);
+  wg::fence_smem();
+  __syncthreads();
+  float d[4][4] = {};
+  const uint64_t da = wg::mn128(As, 0), db = wg::desc64_mn(Bs);
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wg::mma_ss<1, 1>(d, wg::desc_add(da, kk * wg::kMn128Step), wg::desc_add(db, kk * wg::kMn64Step));
+  finish(d, D + (threadIdx.x >> 7) * 64 * 32, 32, ran, 0);
 #endif
 }
 
@@ -290,6 +311,19 @@ bool run_halves_case(std::mt19937& rng) {
                          "m64n64 x 2 halves, B plane of 128 rows, every warpgroup at full width (the V loop)");
 }
 
+bool run_dv_case(std::mt19937& rng) {
+  std::uniform_int_distribution<int> u(-4, 4);
+  std::vector<float> a(64 * 64), b(64 * 32), ref(4 * 64 * 32, 0.f);
+  for (auto& x : a) x = (float)u(rng);
+  for (auto& x : b) x = (float)u(rng);
+  for (int g = 0; g < 4; ++g)
+    for (int m = 0; m < 64; ++m)
+      for (int n = 0; n < 32; ++n)
+        for (int k = 0; k < 64; ++k) ref[(g * 64 + m) * 32 + n] += a[m * 64 + k] * b[k * 32 + n];
+  return run_and_compare(a, b, ref, [](float* dA, float* dB, float* dD, int* ran) { wg_dv_product<<<1, 512>>>(dA, dB, dD, ran); },
+                         "m64n32, A MN-major (128-byte swizzle), B MN-major 64-byte swizzle, every warpgroup (dV)");
+}
+
 template <int NT, int TA, int TB, int KD, int NB>
 bool run_wy_case(std::mt19937& rng, const char* what) {
   std::uniform_int_distribution<int> u(-4, 4);
@@ -333,6 +367,7 @@ int main() {
     ok &= run_wy_case<4, 0, 1, 64, 128>(rng, "Pg K, Gsym K");
     ok &= run_wy_case<4, 1, 1, 64, 128>(rng, "Pg^T Q, T^T dW");
     ok &= run_wy_case<2, 1, 1, 64, 64>(rng, "T^T M1");
+    ok &= run_dv_case(rng);
   }
   std::printf("%s\n", ok ? "all wgmma products exact" : "wgmma test FAILED");
   return ok ? 0 : 1;
