@@ -226,7 +226,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     });
   };
 #if GDN_BWD_WGMMA
-  float vacc[16][4];  // the V loop's product of this warpgroup (m64n128, or two m64n64)
+  float vacc[16][4];  // the V loop's product(s) of this warpgroup: two m64n64 accumulators
   zero_acc(vacc);
 #else
   zero_acc(aQ); zero_acc(aKs); zero_acc(aW); zero_acc(aPD); zero_acc(aT);
@@ -299,9 +299,10 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     // planes (v51): warpgroup 0 dQ, 1 dKs, 2 dW (two m64n64 halves each), 3 PD and dT (m64n64),
     // all in vacc. An A plane is then read by one or two MMAs per k16 step instead of by all four
     // warpgroups: 160 KB of operand reads per slice instead of 272 KB (v50 split each product's
-    // columns over the warpgroups, m64n32 / m64n16, and the loop was bound by shared memory;
-    // m64n128 would read 128 KB, but ptxas serialised it, C7511). After the loop the accumulators
-    // go through shared memory once into the fragments of the mma.sync form.
+    // columns over the warpgroups, m64n32 / m64n16, and the loop was bound by shared memory).
+    // m64n128 for dQ, dKs, dW would read 128 KB, but beside warpgroup 3's two m64n64 in the same
+    // array ptxas serialised every MMA (C7511). After the loop the accumulators go through shared
+    // memory once into the fragments of the mma.sync form.
     // Both k16 steps stay in flight through the <S0, dS_C> sum below. (Session 12 measured A
     // from registers: under the 128-register cap ptxas serialised the MMAs.)
 #if GDN_BWD_WGMMA
@@ -462,10 +463,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     if (lane == 0) red[warp] = frob;
   }
 #if GDN_BWD_WGMMA
-  // The products to the fragments of the mma.sync form: warpgroup g's 16 n8 tiles of product g
-  // through shared memory as [g][tile][wr][lane] float4 (the same rows wr, gq in both layouts:
-  // only columns change warpgroup), then warp (wr, wc) takes tiles 4wc.. of dQ, dKs, dW and
-  // 2wc.. of PD, 8 + 2wc.. of dT. (Whole-warp float4 runs: no bank conflicts.)
   // dV = diag(beta) T^T dDelta for all 128 columns (v53; it was a 16 x 8 tile per warp and slice
   // on mma.sync, 96 KB of ldmatrix per slice): warpgroup wc the 32 of slice wc, A = T^T (the T
   // planes MN-major), B = the slice's dDelta planes (MN-major, 64-byte swizzle), hi/lo x hi/lo in
@@ -485,6 +482,10 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     }
     wg::commit();
   }
+  // The products to the fragments of the mma.sync form: warpgroup g's 16 n8 tiles of product g
+  // through shared memory as [g][tile][wr][lane] float4 (the same rows wr, gq in both layouts:
+  // only columns change warpgroup), then warp (wr, wc) takes tiles 4wc.. of dQ, dKs, dW and
+  // 2wc.. of PD, 8 + 2wc.. of dT. (Whole-warp float4 runs: no bank conflicts.)
   {
     static_assert(kRedistF <= kDdOff, "the redistribution lies below the dDelta planes");
     float4* const R = reinterpret_cast<float4*>(U) + wr * 32 + lane;
