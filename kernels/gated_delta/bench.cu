@@ -224,7 +224,7 @@ int main(int argc, char** argv) {
       print_phases("state bwd", c, 0, 7);
       print_phases("dh", c, 8, 15);
       gdn_debug_phases_bwd(c);
-      print_phases("bwd_chunk", c, 0, 15);
+      print_phases("bwd_chunk", c, 0, 16);  // (15: each item's prologue and slice-0 wait)
       // the fp16 reverse pass (gdn_dh16t_kernel: clocks 8-15 of the seqt set), whichever path auto takes
       p.backward_path = GdnProblem::BwdPath::Fp16;
       gdn_debug_phases_seqt(nullptr);

@@ -291,7 +291,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     __nv_bfloat16* const dSp = S0p + 2 * SPL;
     __nv_bfloat16* const Dlp = dSp + 2 * SPL;  // Delta h/l, then dO and v
     __nv_bfloat16* const DDp = dDall + vs * 2 * CPL;
-    GDN_PH(2);
+    // (phase clocks: the item's prologue and slice 0's wait in 15, the other slices' tops in 2)
+    if (vs == 0) GDN_PH(15); else GDN_PH(2);
     // dQ += dO S0^T ; dKs += Delta dSC^T ; dW += dDelta S0^T   (16 x 32 tiles: rows 16wr, cols 32wc)
     // PD += dO Delta^T ; dT += dDelta V^T                     (16 x 16 tiles: rows 16wr, cols 16wc)
     // (the mma.sync form below: warp (wr, wc) builds those tiles of all five products.)
@@ -516,6 +517,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       take(aT[n], 3, 8 + 2 * wc + n, wc == 3, vacc[14 + n]);
     }
   }  // (the barrier below frees the union again)
+  GDN_PH(0);  // (phase clocks: dV issue and the redistribution in 0, dV's wait and store, dbeta in 1)
   wg::wait<0>();
   wg::pin(aV);
   for_frag(aV, [&](int r, int, float& x) { x *= bet[16 * wr + r]; });
@@ -546,6 +548,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #pragma unroll
         for (int u = 0; u < 2; ++u) dbp[wr * C + 16 * wc + 8 * n + 2 * tq + u] = cs[n][u];
   }
+  GDN_PH(1);
   const float gl = gam[L - 1];
   // scale the V-loop accumulators (rows >= L selected to 0). A lane's fragments span two rows,
   // 16wr + gq and 16wr + gq + 8 (bit 3 of for_frag's tile row), so the factors are taken per row:
