@@ -282,62 +282,55 @@ bool run_and_compare(const std::vector<float>& a, const std::vector<float>& b, c
   return ok;
 }
 
+// Operands of small random integers (exact in bf16, and their sums in fp32): A [rows][kd], B stored
+// [n][kd] (b_nk) or [kd][n], and the reference D = A B, `copies` times over (one per warpgroup that
+// computes the whole product).
+struct Operands {
+  std::vector<float> a, b, ref;
+};
+Operands random_case(std::mt19937& rng, int rows, int n, int kd, bool b_nk, int copies = 1) {
+  std::uniform_int_distribution<int> u(-4, 4);
+  Operands o{std::vector<float>(rows * kd), std::vector<float>(n * kd), std::vector<float>(copies * rows * n, 0.f)};
+  for (auto& x : o.a) x = (float)u(rng);
+  for (auto& x : o.b) x = (float)u(rng);
+  for (int m = 0; m < rows; ++m)
+    for (int j = 0; j < n; ++j) {
+      float s = 0.f;
+      for (int k = 0; k < kd; ++k) s += o.a[m * kd + k] * o.b[b_nk ? j * kd + k : k * n + j];
+      for (int g = 0; g < copies; ++g) o.ref[(g * rows + m) * n + j] = s;
+    }
+  return o;
+}
+
 template <int NT, int R>
 bool run_case(std::mt19937& rng) {
-  std::uniform_int_distribution<int> u(-4, 4);
-  std::vector<float> a(M * KD), b(R * KD), ref(M * R, 0.f);
-  for (auto& x : a) x = (float)u(rng);
-  for (auto& x : b) x = (float)u(rng);
-  for (int m = 0; m < M; ++m)
-    for (int n = 0; n < R; ++n)
-      for (int k = 0; k < KD; ++k) ref[m * R + n] += a[m * KD + k] * b[n * KD + k];
+  const Operands o = random_case(rng, M, R, KD, true);
   char label[96];
   std::snprintf(label, sizeof label, "m64n%d, B plane of %d rows, 4 warpgroups", 8 * NT, R);
-  return run_and_compare(a, b, ref, [](float* dA, float* dB, float* dD, int* ran) { wg_product<NT, R><<<1, 512>>>(dA, dB, dD, ran); },
+  return run_and_compare(o.a, o.b, o.ref, [](float* dA, float* dB, float* dD, int* ran) { wg_product<NT, R><<<1, 512>>>(dA, dB, dD, ran); },
                          label);
 }
 
 bool run_halves_case(std::mt19937& rng) {
-  constexpr int R = 128;
-  std::uniform_int_distribution<int> u(-4, 4);
-  std::vector<float> a(M * KD), b(R * KD), ref(4 * M * R, 0.f);
-  for (auto& x : a) x = (float)u(rng);
-  for (auto& x : b) x = (float)u(rng);
-  for (int g = 0; g < 4; ++g)
-    for (int m = 0; m < M; ++m)
-      for (int n = 0; n < R; ++n)
-        for (int k = 0; k < KD; ++k) ref[(g * M + m) * R + n] += a[m * KD + k] * b[n * KD + k];
-  return run_and_compare(a, b, ref, [](float* dA, float* dB, float* dD, int* ran) { wg_product_halves<<<1, 512>>>(dA, dB, dD, ran); },
+  const Operands o = random_case(rng, M, 128, KD, true, 4);
+  return run_and_compare(o.a, o.b, o.ref, [](float* dA, float* dB, float* dD, int* ran) { wg_product_halves<<<1, 512>>>(dA, dB, dD, ran); },
                          "m64n64 x 2 halves, B plane of 128 rows, every warpgroup at full width (the V loop)");
 }
 
 bool run_dv_case(std::mt19937& rng) {
-  std::uniform_int_distribution<int> u(-4, 4);
-  std::vector<float> a(64 * 64), b(64 * 32), ref(4 * 64 * 32, 0.f);
-  for (auto& x : a) x = (float)u(rng);
-  for (auto& x : b) x = (float)u(rng);
-  for (int g = 0; g < 4; ++g)
-    for (int m = 0; m < 64; ++m)
-      for (int n = 0; n < 32; ++n)
-        for (int k = 0; k < 64; ++k) ref[(g * 64 + m) * 32 + n] += a[m * 64 + k] * b[k * 32 + n];
-  return run_and_compare(a, b, ref, [](float* dA, float* dB, float* dD, int* ran) { wg_dv_product<<<1, 512>>>(dA, dB, dD, ran); },
+  const Operands o = random_case(rng, 64, 32, 64, false, 4);
+  return run_and_compare(o.a, o.b, o.ref, [](float* dA, float* dB, float* dD, int* ran) { wg_dv_product<<<1, 512>>>(dA, dB, dD, ran); },
                          "m64n32, A MN-major (128-byte swizzle), B MN-major 64-byte swizzle, every warpgroup (dV)");
 }
 
 template <int NT, int TA, int TB, int KD, int NB>
 bool run_wy_case(std::mt19937& rng, const char* what) {
-  std::uniform_int_distribution<int> u(-4, 4);
-  std::vector<float> a(M * KD), b(KD * NB), ref(M * NB, 0.f);
-  for (auto& x : a) x = (float)u(rng);
-  for (auto& x : b) x = (float)u(rng);
-  for (int m = 0; m < M; ++m)
-    for (int n = 0; n < NB; ++n)
-      for (int k = 0; k < KD; ++k) ref[m * NB + n] += a[m * KD + k] * b[k * NB + n];
+  const Operands o = random_case(rng, M, NB, KD, false);
   char label[160];
   std::snprintf(label, sizeof label, "m64n%d, 128-byte swizzle, A %s, B %s, k = %d (%s)", 8 * NT,
                 TA ? "MN-major" : "K-major", TB ? "MN-major" : "K-major", KD, what);
   return run_and_compare(
-      a, b, ref, [](float* dA, float* dB, float* dD, int* ran) { wg_wy_product<NT, TA, TB, KD, NB><<<1, 512>>>(dA, dB, dD, ran); },
+      o.a, o.b, o.ref, [](float* dA, float* dB, float* dD, int* ran) { wg_wy_product<NT, TA, TB, KD, NB><<<1, 512>>>(dA, dB, dD, ran); },
       label);
 }
 }  // namespace
