@@ -66,37 +66,6 @@ static_assert(kSliceEl <= kDdOff, "slice buffers below the dDelta planes");
 constexpr int kUnionA = kDdOff + kDdEl / 2;
 constexpr int kUnion = (kUnionA > kPostF) ? kUnionA : kPostF;
 constexpr int kBwdSmemF = kQkF + C * C + kUnion + 28 * C + 8;
-// -DQRUN_GDN_BWD_PREFETCH (v55, an experiment, off): each item issues the next item's slice 0
-// (into slice buffer 0) once its phase 8 is done, and the next item's T planes after phase 10,
-// so that the next item's first slice does not wait for its copies. For that the post-loop view
-// puts the regions dead after phase 8 (Pg, the dT scratch, dW: 66 KB) first, and the dDelta
-// planes lie in reverse slice order, slice 0's at the top of the union, above the post-loop view.
-#ifdef QRUN_GDN_BWD_PREFETCH
-constexpr bool kPrefetch = true;
-#else
-constexpr bool kPrefetch = false;
-#endif
-static_assert(!kPrefetch || (kSliceEl * 2 <= (2 * C * LDC + kDwF) * 4 && kDdOff + (NVS - 1) * CPL >= kPostF &&
-                             (2 * C * LDC) * 4 % 1024 == 0 && (3 * C * LDC + kDwF) * 4 % 1024 == 0),
-              "v55 layout: slice 0 in the regions dead after phase 8, dDelta's slice 0 above the post-loop view");
-// element offset of slice s's dDelta planes in dDall
-__device__ __forceinline__ int dd_off(int s) { return (kPrefetch ? NVS - 1 - s : s) * 2 * CPL; }
-// one (chunk, value head) item's position
-struct ItemPos {
-  int hv, h, L;
-  int64_t c, t0;
-};
-__device__ __forceinline__ ItemPos item_pos(const KParams& p, int64_t bid) {
-  ItemPos q;
-  q.hv = (int)(bid % p.HV);
-  q.c = bid / p.HV;
-  q.h = q.hv / p.G;
-  const int n = p.ctab[2 * q.c];
-  const int64_t bos = p.cu[n], eos = p.cu[n + 1];
-  q.t0 = bos + (int64_t)p.ctab[2 * q.c + 1] * C;
-  q.L = (int)((eos - q.t0) < C ? (eos - q.t0) : C);
-  return q;
-}
 
 // wgmma operands with the 128-byte swizzle start on 1024-byte boundaries (the q/k tiles, T planes,
 // XpA, XpB, dW and dT planes); the 64-byte-swizzled slice planes on 512-byte ones.
@@ -147,9 +116,7 @@ constexpr uint32_t kT128 = 64 * 64 * 2;  // bytes of one [64][64] bf16 plane (th
 // gdn_bwd_chunk_kernel) and carries the running sums in its own slot of p.gacc, in fragment order,
 // so each thread reads back only what it wrote itself (no barrier) and the slot stays in L2.
 // After the last value head it applies the l2norm backward and stores dq, dk.
-// (nbid: the block's next item, -1 if none; pre: this item's slice 0 and T planes were issued by
-// the previous item; both only with QRUN_GDN_BWD_PREFETCH)
-__device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int64_t bid, int j, int64_t nbid, bool pre) {
+__device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int64_t bid, int j) {
   GDN_PH_START
   __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][DK] (Qk128)
   __nv_bfloat16* Qb = Kb + C * DK;
@@ -159,30 +126,17 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   __nv_bfloat16* const slice_buf = reinterpret_cast<__nv_bfloat16*>(U);
   __nv_bfloat16* const dDall = reinterpret_cast<__nv_bfloat16*>(U + kDdOff);  // [NVS][2][64][BV]
   // post-loop view
-  // KK, Pg, dT scratch [C][LDC]; XpA, XpB: [2][64][64] swizzled bf16 hi/lo plane pairs of the WY
-  // part (Pg diag(rsK), then M1; diag(rsQ) Pg, then Gsym diag(rsK)); dW: [2][C][DK] hi/lo planes
-  // (Qk128); M1 [C][LDC] (holds the dT planes); G [C][LDC]
-  float *KKs, *Pgs, *dTs, *M1s;
-  __nv_bfloat16 *XpA, *XpB, *dWp;
-  if constexpr (!kPrefetch) {
-    KKs = U;
-    Pgs = KKs + C * LDC;
-    dTs = Pgs + C * LDC;
-    XpA = reinterpret_cast<__nv_bfloat16*>(dTs + C * LDC);
-    XpB = XpA + 2 * C * C;
-    dWp = XpB + 2 * C * C;
-    M1s = reinterpret_cast<float*>(dWp + 2 * C * DK);
-  } else {  // (Pg, dT scratch and dW first: dead after phase 8)
-    Pgs = U;
-    dTs = Pgs + C * LDC;
-    dWp = reinterpret_cast<__nv_bfloat16*>(dTs + C * LDC);
-    KKs = reinterpret_cast<float*>(dWp + 2 * C * DK);
-    XpA = reinterpret_cast<__nv_bfloat16*>(KKs + C * LDC);
-    XpB = XpA + 2 * C * C;
-    M1s = reinterpret_cast<float*>(XpB + 2 * C * C);
-  }
+  float* KKs = U;                // [C][LDC]
+  float* Pgs = KKs + C * LDC;
+  float* dTs = Pgs + C * LDC;
+  // [2][64][64] swizzled bf16 hi/lo plane pairs of the WY part: Pg diag(rsK), then M1;
+  // diag(rsQ) Pg, then Gsym diag(rsK)
+  __nv_bfloat16* XpA = reinterpret_cast<__nv_bfloat16*>(dTs + C * LDC);
+  __nv_bfloat16* XpB = XpA + 2 * C * C;
+  __nv_bfloat16* dWp = XpB + 2 * C * C;  // [2][C][DK] hi/lo planes of dW (Qk128)
+  float* M1s = reinterpret_cast<float*>(dWp + 2 * C * DK);  // [C][LDC] (holds the dT planes)
   __nv_bfloat16* dTp = reinterpret_cast<__nv_bfloat16*>(M1s);
-  float* Gs = M1s + C * LDC;
+  float* Gs = M1s + C * LDC;     // [C][LDC]
   float* gam = U + kUnion;
   float* bet = gam + C;
   float* dbp = bet + C;          // [4][C] dbeta partials
@@ -197,9 +151,13 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   float* rsK = dotk + 4 * C;     // [C] l2norm row scales (kept for the group)
   float* rsQ = rsK + C;
 
-  const ItemPos cur = item_pos(p, bid);
-  const int hv = cur.hv, h = cur.h, L = cur.L;
-  const int64_t c = cur.c, t0 = cur.t0;
+  const int hv = (int)(bid % p.HV);
+  const int64_t c = bid / p.HV;
+  const int h = hv / p.G;
+  const int n = p.ctab[2 * c];
+  const int64_t bos = p.cu[n], eos = p.cu[n + 1];
+  const int64_t t0 = bos + (int64_t)p.ctab[2 * c + 1] * C;
+  const int L = (int)((eos - t0) < C ? (eos - t0) : C);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int wr = warp & 3, wc = warp >> 2;
 
@@ -278,9 +236,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // Slice vs into buffer B: three plane pairs of the workspace, dO and v rows (zero beyond L)
   // as 16-byte copies when aligned, plain stores otherwise, all into the swizzled planes; the
   // dDelta pair into dDall. Complete after cp_async_wait + __syncthreads.
-  const auto load_slice = [&](const ItemPos& it, int vs, __nv_bfloat16* B) {
-    const int hv = it.hv, L = it.L;
-    const int64_t c = it.c, t0 = it.t0;
+  const auto load_slice = [&](int vs, __nv_bfloat16* B) {
     const int64_t so = slice_planes(c, p.HV, hv, vs, DK), co = slice_planes(c, p.HV, hv, vs, C);
     const uint64_t once = l2_evict_first();  // (the planes are read once)
 #pragma unroll
@@ -294,7 +250,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       const int v = tid, pl = v >> 8;
       const int r = (v >> 2) & (C - 1), c8 = (v & 3) * 8;
       cp_async16_once(B + 4 * SPL + pl * CPL + wg::sw64(r, c8), p.Dl + co + v * 8, 16, once);
-      cp_async16_once(dDall + dd_off(vs) + pl * CPL + wg::sw64(r, c8), p.dDl + co + v * 8, 16, once);
+      cp_async16_once(dDall + vs * 2 * CPL + pl * CPL + wg::sw64(r, c8), p.dDl + co + v * 8, 16, once);
     }
     const int v0 = vs * BV;
     const int rb = (tid & 255) >> 2, c8 = (tid & 3) * 8;  // threads < 256: dO, the others: v
@@ -310,9 +266,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       for (int j = 0; j < 8; ++j) d[j] = rb < L ? src[rb * sst + c8 + j] : z;
     }
   };
-  if (!(kPrefetch && pre)) {
-    load_slice(cur, 0, slice_buf);
-    // T hi/lo planes (for dV = T^T dDelta and the WY part)
+  load_slice(0, slice_buf);
+  {  // T hi/lo planes (for dV = T^T dDelta and the WY part)
     const __nv_bfloat16* tpg = p.Tp + (c * p.HV + hv) * (int64_t)(2 * C * C);
     for (int v = tid; v < 2 * C * C / 8; v += kBwdThreads) {
       const int pl = v >> 9, r = (v >> 3) & 63, c8 = v & 7;
@@ -330,12 +285,12 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     wg::fence_smem();  // (for the wgmma reads of the planes)
 #endif
     __syncthreads();
-    if (vs + 1 < NVS) load_slice(cur, vs + 1, slice_buf + ((vs + 1) & 1) * kSliceEl);
+    if (vs + 1 < NVS) load_slice(vs + 1, slice_buf + ((vs + 1) & 1) * kSliceEl);
     cp_async_commit();
     __nv_bfloat16* const S0p = slice_buf + (vs & 1) * kSliceEl;
     __nv_bfloat16* const dSp = S0p + 2 * SPL;
     __nv_bfloat16* const Dlp = dSp + 2 * SPL;  // Delta h/l, then dO and v
-    __nv_bfloat16* const DDp = dDall + dd_off(vs);
+    __nv_bfloat16* const DDp = dDall + vs * 2 * CPL;
     // (phase clocks: the item's prologue and slice 0's wait in 15, the other slices' tops in 2)
     if (vs == 0) GDN_PH(15); else GDN_PH(2);
     // dQ += dO S0^T ; dKs += Delta dSC^T ; dW += dDelta S0^T   (16 x 32 tiles: rows 16wr, cols 32wc)
@@ -517,7 +472,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   zero_acc(aV);
   {
     constexpr uint32_t kTlo = C * C * 2, kDlo = 2 * CPL;  // bytes to the lo plane of T, of dDelta
-    const uint64_t a = wg::mn128(Tpb, 0), b = wg::desc64_mn(dDall + dd_off(wc));
+    const uint64_t a = wg::mn128(Tpb, 0), b = wg::desc64_mn(dDall + wc * 2 * CPL);
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < C / 16; ++kk) {
@@ -838,10 +793,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     }
   }
   __syncthreads();
-  if (kPrefetch && nbid >= 0) {  // the next item's slice 0: Pg, the dT scratch and dW are dead now
-    load_slice(item_pos(p, nbid), 0, slice_buf);
-    cp_async_commit();
-  }
   GDN_PH(9);
   if (tid < C) {
     const int r = tid;
@@ -893,16 +844,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     });
   }
   __syncthreads();
-  if (kPrefetch && nbid >= 0) {  // the next item's T planes: T is dead now (the copy above, inline:
-                                 // as a shared lambda it changed the default build's code)
-    const ItemPos nx = item_pos(p, nbid);
-    const __nv_bfloat16* tpg = p.Tp + (nx.c * p.HV + nx.hv) * (int64_t)(2 * C * C);
-    for (int v = tid; v < 2 * C * C / 8; v += kBwdThreads) {
-      const int pl = v >> 9, r = (v >> 3) & 63, c8 = v & 7;
-      cp_async16(Tpb + pl * C * C + swz<C>(r, c8 * 8), tpg + v * 8, 16);
-    }
-    cp_async_commit();
-  }
   GDN_PH(11);
   // row/col sums: dbeta_r += sum_j G_rj KK_rj ; dgam_r += sum_j E_rj - sum_j E_jr, E = G beta_r KK
   {  // 8 threads per row (8 adjacent lanes), fixed-order reduction
@@ -1040,13 +981,10 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
   extern __shared__ __align__(1024) float sm[];
   const int64_t groups = p.NT * p.H;
-  const auto first_of = [&](int64_t gi) { return (gi / p.H) * p.HV + (gi % p.H) * p.G; };  // item (chunk, value head G h)
   for (int64_t gi = blockIdx.x; gi < groups; gi += gridDim.x) {
-    const int64_t first = first_of(gi);
+    const int64_t first = (gi / p.H) * p.HV + (gi % p.H) * p.G;  // item (chunk, value head G h)
     for (int j = 0; j < p.G; ++j) {
-      int64_t nbid = -1;
-      if (kPrefetch) nbid = j + 1 < p.G ? first + j + 1 : gi + gridDim.x < groups ? first_of(gi + gridDim.x) : -1;
-      bwd_chunk_item(p, sm, first + j, j, nbid, kPrefetch && (gi != blockIdx.x || j > 0));
+      bwd_chunk_item(p, sm, first + j, j);
       __syncthreads();  // the next item reuses the shared memory
     }
   }
