@@ -564,55 +564,54 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   }
   __syncthreads();  // union free now
   GDN_PH(5);
-  // out = diag(rsX) X K^T diag(rsK) from the raw tiles (exact products; scales applied after)
-  const auto gram_k = [&](const __nv_bfloat16* Xb, const float* rsX, float* out) {
-    float acc[2][4];
+  // acc = diag(rsX) X K^T diag(rsK) at the lane's fragment positions (rows 16 wr + gq (+8), columns
+  // 16 wc + 8 n + 2 tq (+1)), from the raw tiles (exact products; scales applied after)
+  const auto gram_acc = [&](const __nv_bfloat16* Xb, const float* rsX, float (&acc)[2][4]) {
     zero_acc(acc);
 #if GDN_BWD_WY
     wy_mma_sync<0, 0, DK / 16, 0, 0>(acc, wg::k128(Xb, 0), wg::k128(Kb, 16 * wc));
 #else
     mma_rows<2, DK>(acc, Xb, 16 * wr, Kb, 16 * wc, el);
 #endif
-    // the lane's 2 row and 4 column scales, loaded once (the stores to out between the elements
-    // keep the compiler from reusing loads)
     const float rx[2] = {rsX[16 * wr + gq], rsX[16 * wr + gq + 8]};
-    float ck[2][2];
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
-      for (int u = 0; u < 2; ++u) ck[n][u] = rsK[16 * wc + 8 * n + 2 * tq + u];
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = 16 * wr + gq + 8 * (e >> 1), j = 16 * wc + 8 * n + 2 * tq + (e & 1);
-        out[r * LDC + j] = acc[n][e] * rx[e >> 1] * ck[n][e & 1];
-      }
+      for (int e = 0; e < 4; ++e) acc[n][e] *= rx[e >> 1] * rsK[16 * wc + 8 * n + 2 * tq + (e & 1)];
   };
-  gram_k(Kb, rsK, KKs);  // KK = K K^T
-  // Pg = s (dO Delta^T) .* Gamma (lower incl. diagonal, valid rows): fp32 for the dgamma sums, and
-  // bf16 planes of Pg diag(rsK) (A of Pg K) and diag(rsQ) Pg (A^T of Pg^T Q)
-#pragma unroll
-  for (int nn = 0; nn < 2; ++nn)
+  // Per-row and per-column sums of a 64 x 64 fragment matrix (the lane's rows 16 wr + gq + 8 hh,
+  // columns 16 wc + 8 n + 2 tq + u), reduced over the warp's lanes in a fixed order and stored as
+  // partials by warp: rows into ep[wc][r], columns into ec[wr][c] (summed after the next barrier).
+  float* const ep = Pgs;  // (Pg's fp32 copy is gone: its region holds the partials)
+  float* const ec = Pgs + 4 * C;
+  const auto frag_sums = [&](float (&rs)[2], float (&cs)[2][2]) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int r = 16 * wr + gq + 8 * hh, j = 16 * wc + nn * 8 + 2 * tq;
-      float v[2];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int jj = j + u;
-        v[u] = (r >= jj && r < L) ? p.scale * aPD[nn][2 * hh + u] * expf(gam[r] - gam[jj]) : 0.f;
-        Pgs[r * LDC + jj] = v[u];
-      }
-      const int o = swz_el<C>(r, j);
-      uint32_t hi, lo;
-      split2(v[0] * rsK[j], v[1] * rsK[j + 1], hi, lo);
-      *reinterpret_cast<uint32_t*>(XpA + o) = hi;
-      *reinterpret_cast<uint32_t*>(XpA + C * C + o) = lo;
-      split2(v[0] * rsQ[r], v[1] * rsQ[r], hi, lo);
-      *reinterpret_cast<uint32_t*>(XpB + o) = hi;
-      *reinterpret_cast<uint32_t*>(XpB + C * C + o) = lo;
+      rs[hh] += __shfl_xor_sync(0xffffffffu, rs[hh], 1);
+      rs[hh] += __shfl_xor_sync(0xffffffffu, rs[hh], 2);
     }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int m = 4; m < 32; m <<= 1) cs[n][u] += __shfl_xor_sync(0xffffffffu, cs[n][u], m);
+    if (tq == 0) {
+      ep[wc * C + 16 * wr + gq] = rs[0];
+      ep[wc * C + 16 * wr + gq + 8] = rs[1];
+    }
+    if (gq == 0)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) ec[wr * C + 16 * wc + 8 * n + 2 * tq + u] = cs[n][u];
+  };
+  const auto gram_k = [&](const __nv_bfloat16* Xb, const float* rsX, float* out) {
+    float acc[2][4];
+    gram_acc(Xb, rsX, acc);
+    for_frag(acc, [&](int r, int j, float& x) { out[(16 * wr + r) * LDC + 16 * wc + j] = x; });
+  };
+  gram_k(Kb, rsK, KKs);  // KK = K K^T
   for_frag(aT, [&](int r, int j, float& x) {
     r += 16 * wr;
     j += 16 * wc;
@@ -628,10 +627,43 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       *reinterpret_cast<uint32_t*>(dWp + o) = hi;
       *reinterpret_cast<uint32_t*>(dWp + C * DK + o) = lo;
     }
-  gram_k(Qb, rsQ, Gs);  // QK = Q K^T (into Gs, free until the Ghat phase)
+  // Pg = s (dO Delta^T) .* Gamma (lower incl. diagonal, valid rows): bf16 planes of Pg diag(rsK)
+  // (A of Pg K) and diag(rsQ) Pg (A^T of Pg^T Q), and the dgamma sums of E = Pg .* QK taken from
+  // the fragments (QK = Q K^T at the same positions): row r's E_rj (j < r) and column r's E_ir
+  // (i > r), the diagonal left out. (Until v55 Pg and QK went through shared memory as fp32 and 8
+  // threads per row summed them: 3.5 % of bwd_chunk's stall samples, ncu session 22.)
+  {
+    float qk[2][4];
+    gram_acc(Qb, rsQ, qk);
+    float rs[2] = {0.f, 0.f}, cs[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * wr + gq + 8 * hh, j = 16 * wc + nn * 8 + 2 * tq;
+        float v[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int jj = j + u;
+          v[u] = (r >= jj && r < L) ? p.scale * aPD[nn][2 * hh + u] * expf(gam[r] - gam[jj]) : 0.f;
+          const float e = r > jj ? v[u] * qk[nn][2 * hh + u] : 0.f;
+          rs[hh] += e;
+          cs[nn][u] += e;
+        }
+        const int o = swz_el<C>(r, j);
+        uint32_t hi, lo;
+        split2(v[0] * rsK[j], v[1] * rsK[j + 1], hi, lo);
+        *reinterpret_cast<uint32_t*>(XpA + o) = hi;
+        *reinterpret_cast<uint32_t*>(XpA + C * C + o) = lo;
+        split2(v[0] * rsQ[r], v[1] * rsQ[r], hi, lo);
+        *reinterpret_cast<uint32_t*>(XpB + o) = hi;
+        *reinterpret_cast<uint32_t*>(XpB + C * C + o) = lo;
+      }
+    frag_sums(rs, cs);
+  }
   // dgamma, direct part, formed without catastrophic cancellation:
   //   q_r . dq_state_r  +  sum_{j<r} E_rj - sum_{i>r} E_ir  (E = Pg .* QK, the diagonal cancels
-  //   exactly and is left out)  - k_r . dk_state_r (r < last)  + last row: e^{gl}<S0,dSC> +
+  //   exactly and is left out; the partials above)  - k_r . dk_state_r (r < last)  + last row: e^{gl}<S0,dSC> +
   //   sum_{r<last} k_r . dk_state_r.
   {
     float rq0, rq1, rs0, rs1;
@@ -663,18 +695,11 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   float4 sq[4];  // (the group's running dq sum, loaded while the products and the row sums run)
   carry_load(sq, 0);
 #endif
-  {  // 8 threads per row (8 adjacent lanes), fixed-order reduction
-    const int r = tid >> 3, part = tid & 7;
-    float e = 0.f;
-    for (int j = part; j < r; j += 8) e += Pgs[r * LDC + j] * Gs[r * LDC + j];
-    for (int i = r + 1 + part; i < C; i += 8) e -= Pgs[i * LDC + r] * Gs[i * LDC + r];
-    e += __shfl_xor_sync(0xffffffffu, e, 1);
-    e += __shfl_xor_sync(0xffffffffu, e, 2);
-    e += __shfl_xor_sync(0xffffffffu, e, 4);
-    if (part == 0) {
-      dgam[r] = (rp[r] + rp[C + r] + rp[2 * C + r] + rp[3 * C + r]) + e;
-      rks[r] = (rp2[r] + rp2[C + r] + rp2[2 * C + r] + rp2[3 * C + r]);
-    }
+  if (tid < C) {  // fixed-order sums of the partials
+    const int r = tid;
+    dgam[r] = (rp[r] + rp[C + r] + rp[2 * C + r] + rp[3 * C + r]) + ((ep[r] + ep[C + r] + ep[2 * C + r] + ep[3 * C + r]) -
+                                                                     (ec[r] + ec[C + r] + ec[2 * C + r] + ec[3 * C + r]));
+    rks[r] = (rp2[r] + rp2[C + r] + rp2[2 * C + r] + rp2[3 * C + r]);
   }
   // (the sum is kept after the last value head too: read back at the end of the item)
 #if GDN_BWD_WY
@@ -837,36 +862,48 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #else
     mma_planes64<true, false>(acc, Tpb, 16 * wr, XpA, 16 * wc);
 #endif
-    for_frag(acc, [&](int r, int j, float& x) {
-      r += 16 * wr;
-      j += 16 * wc;
-      Gs[r * LDC + j] = (r > j && r < L) ? -x * expf(gam[r] - gam[j]) : 0.f;
-    });
+    // G to shared memory (Gsym needs its transpose) and the sums of G .* KK from the fragments:
+    // row r's sum_j G_rj KK_rj and column r's sum_j beta_j G_jr KK_jr (KK at the lane's own
+    // positions: gram_k wrote them from the same fragment layout)
+    float rs[2] = {0.f, 0.f}, cs[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * wr + gq + 8 * hh, j = 16 * wc + 8 * n + 2 * tq;
+        const float2 kk = *reinterpret_cast<const float2*>(KKs + r * LDC + j);
+        float g[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          g[u] = (r > j + u && r < L) ? -acc[n][2 * hh + u] * expf(gam[r] - gam[j + u]) : 0.f;
+          const float e = g[u] * (u ? kk.y : kk.x);
+          rs[hh] += e;
+          cs[n][u] += bet[r] * e;
+        }
+        *reinterpret_cast<float2*>(Gs + r * LDC + j) = make_float2(g[0], g[1]);
+      }
+    frag_sums(rs, cs);
   }
   __syncthreads();
   GDN_PH(11);
-  // row/col sums: dbeta_r += sum_j G_rj KK_rj ; dgam_r += sum_j E_rj - sum_j E_jr, E = G beta_r KK
-  {  // 8 threads per row (8 adjacent lanes), fixed-order reduction
-    const int r = tid >> 3, part = tid & 7;
-    float sb = 0.f, sc = 0.f;
-    for (int j = part; j < r; j += 8) sb += Gs[r * LDC + j] * KKs[r * LDC + j];
-    for (int j = r + 1 + part; j < C; j += 8) sc += Gs[j * LDC + r] * bet[j] * KKs[j * LDC + r];
-    sb += __shfl_xor_sync(0xffffffffu, sb, 1);
-    sb += __shfl_xor_sync(0xffffffffu, sb, 2);
-    sb += __shfl_xor_sync(0xffffffffu, sb, 4);
-    sc += __shfl_xor_sync(0xffffffffu, sc, 1);
-    sc += __shfl_xor_sync(0xffffffffu, sc, 2);
-    sc += __shfl_xor_sync(0xffffffffu, sc, 4);
-    if (part == 0) {
-      dbt[r] += sb;
-      dgam[r] += bet[r] * sb - sc;
-    }
+  // dbeta_r += sum_j G_rj KK_rj ; dgam_r += sum_j E_rj - sum_j E_jr, E = G beta_r KK (the partials)
+  if (tid < C) {
+    const int r = tid;
+    const float sb = (ep[r] + ep[C + r]) + (ep[2 * C + r] + ep[3 * C + r]);
+    const float sc = (ec[r] + ec[C + r]) + (ec[2 * C + r] + ec[3 * C + r]);
+    dbt[r] += sb;
+    dgam[r] += bet[r] * sb - sc;
   }
   // Gsym diag(rsK) = (diag(beta) G + G^T diag(beta)) diag(rsK) -> bf16 planes in XpB
+  // (a warp takes 8 rows x 4 column pairs: the row-major float2 reads, the transposed reads and the
+  // swizzled plane stores are then free of bank conflicts; one row per warp made the transposed
+  // reads 8-way conflicts)
   for (int i = tid; i < C * C / 2; i += blockDim.x) {
-    const int r = i >> 5, j = (i & 31) * 2;
-    const float g0 = (bet[r] * Gs[r * LDC + j] + bet[j] * Gs[j * LDC + r]) * rsK[j];
-    const float g1 = (bet[r] * Gs[r * LDC + j + 1] + bet[j + 1] * Gs[(j + 1) * LDC + r]) * rsK[j + 1];
+    const int w = i >> 5, l = i & 31;
+    const int r = 8 * (w & 7) + (l & 7), j = 8 * (w >> 3) + 2 * (l >> 3);
+    const float2 gr = *reinterpret_cast<const float2*>(Gs + r * LDC + j);
+    const float g0 = (bet[r] * gr.x + bet[j] * Gs[j * LDC + r]) * rsK[j];
+    const float g1 = (bet[r] * gr.y + bet[j + 1] * Gs[(j + 1) * LDC + r]) * rsK[j + 1];
     const int o = swz_el<C>(r, j);
     uint32_t hi, lo;
     split2(g0, g1, hi, lo);
