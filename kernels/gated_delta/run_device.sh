@@ -2,7 +2,9 @@
 # One device-machine call: build (sm_90), run the CPU reference test, the GPU conformance test,
 # compute-sanitizer on the quick grid, and the benchmark. Logs go to $OUT (or /tmp/gdn-out).
 # Usage (repo root): bash kernels/gated_delta/run_device.sh [steps...]
-#   steps: build ref gpu quick san race prof phases bench ncu (default: build ref gpu san bench)
+#   steps: build ref gpu quick san race prof phases bench ncu lines (default: build ref gpu san bench)
+#   lines: warp-stall samples of one kernel (LINES_KERNEL, default bwd_chunk) by source line
+#          (tools/ncu_lines.py; the CSV stays in $OUT for another look at home)
 set -u
 OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
 B=/tmp/gdn-dev-build
@@ -39,5 +41,14 @@ if has ncu; then  # hardware counters of the sequential kernels and bwd_chunk (f
     --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats \
     --print-details all $B/bench 1 > "$OUT/ncu.txt" 2>&1
   echo "ncu rc=$?"
+fi
+if has lines; then
+  k=${LINES_KERNEL:-bwd_chunk}
+  QRUN_GDN_BENCH_CFG=0 QRUN_GDN_BENCH_WARM=0 timeout 300 ncu --clock-control none --set full --import-source yes \
+    --kernel-name regex:"$k" --launch-count 1 -o "$OUT/lines" $B/bench 1 > "$OUT/lines_ncu.log" 2>&1
+  echo "lines ncu rc=$?"
+  ncu -i "$OUT/lines.ncu-rep" --page source --csv --print-source sass > "$OUT/lines_sass.csv" 2>> "$OUT/lines_ncu.log"
+  rm -f "$OUT/lines.ncu-rep"
+  python3 kernels/gated_delta/tools/ncu_lines.py "$OUT/lines_sass.csv" $B/bench --kernel "$k" --top 40 | tee "$OUT/lines.txt"
 fi
 if has bench; then timeout 120 $B/bench 20 > "$OUT/bench.log" 2>&1; echo "bench rc=$?"; cat "$OUT/bench.log"; fi
