@@ -162,6 +162,13 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   const int L = (int)((eos - t0) < C ? (eos - t0) : C);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int wr = warp & 3, wc = warp >> 2;
+#ifdef QRUN_GDN_FROB_DH
+  // v59 (experiment): <S0, dS_C> from the reverse pass's partials, unless this (sequence, value
+  // head) was redone by the bf16x2 fallback, whose reverse pass forms none (the V loop sums it then)
+  const bool frob_pre = p.frobp && !(p.run_if && p.run_if[n * p.HV + hv]);
+#else
+  constexpr bool frob_pre = false;
+#endif
 
   constexpr Qk128 el;
   if (j == 0) load_qk_tiles<kBwdThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L, el);  // raw q/k (exact bf16) + l2norm scales (kept for the group)
@@ -175,6 +182,10 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     cp_async4(gam + tid, p.gam + (t0 + r) * p.HV + hv, 4);
     cp_async4(bet + tid, p.bet + (t0 + r) * p.HV + hv, tid < L ? 4 : 0);
   }
+#ifdef QRUN_GDN_FROB_DH
+  if (p.frobp && tid < kBwdThreads / 32)  // the partials into red, zeros after them (with slice 0)
+    cp_async4(red + tid, p.frobp + (c * p.HV + hv) * kFrobParts + (tid < kFrobParts ? tid : 0), tid < kFrobParts ? 4 : 0);
+#endif
 
   float aQ[4][4], aKs[4][4], aW[4][4], aPD[2][4], aT[2][4];
   // Adds the group's running sum (slot `which`: 0 dq, 1 dk) to a, and keeps the new sum there.
@@ -413,8 +424,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     }
 #endif
     GDN_PH(3);
-    {  // <S0, dS_C> of the slice, from the planes (hi + lo; the same layout in all four): eight
-       // elements per thread, one 16-byte load per plane
+    if (!frob_pre) {  // <S0, dS_C> of the slice, from the planes (hi + lo; the same layout in all
+                      // four): eight elements per thread, one 16-byte load per plane
       const int off = 8 * tid;
       static_assert(8 * kBwdThreads == SPL, "one 16-byte piece per thread and plane");
       const uint4 q[4] = {*reinterpret_cast<const uint4*>(S0p + off), *reinterpret_cast<const uint4*>(S0p + SPL + off),
@@ -459,8 +470,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #endif
     GDN_PH(4);
   }
-  // block-reduce frob (deterministic)
-  {
+  // block-reduce frob (deterministic; v59: red holds the reverse pass's partials already)
+  if (!frob_pre) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) frob += __shfl_xor_sync(0xffffffffu, frob, o);
     if (lane == 0) red[warp] = frob;
