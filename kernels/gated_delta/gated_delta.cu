@@ -476,7 +476,8 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
       check_launch("gdn_dh16t_kernel");
       if (rec16t_runs()) {
         // sm_90a: the recompute in the register-state form (v44), one block per 64-wide slice like
-        // the reverse pass, launched after it. Not beside it: the two share SMs badly. At 1x8192
+        // the reverse pass, launched after it (before it in v59, above). Not beside it: the two
+        // share SMs badly. At 1x8192
         // (96 + 96 blocks) the pair took 1.08 ms when the recompute was the reverse pass's
         // programmatic dependent (0.89 ms the other way round) and 0.85 ms one after the other,
         // against 0.46 + 0.40 ms alone (session 19).

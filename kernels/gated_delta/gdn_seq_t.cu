@@ -867,7 +867,7 @@ constexpr int kDhBlocksPerSm = kDhProducers ? 1 : 2;
 // row factors are double-buffered, so a step has one barrier (v43; until v42 the q tile was
 // single-buffered and waited for in the middle of the step; backward on fp16 operands 2.64 -> 2.57 ms
 // at 1x8192, 2.31 -> 2.29 at 4x2048, session 18). On sm_90a the recompute (gdn_rec16t_kernel)
-// runs after this kernel. Elsewhere the bf16x2 recompute (gdn_state_kernel) is launched right after
+// runs after this kernel (before it with -DQRUN_GDN_FROB_DH, v59). Elsewhere the bf16x2 recompute (gdn_state_kernel) is launched right after
 // it as its programmatic dependent (the two passes are independent, see gdn_backward) and leaves
 // out its unused q tile, so that without the producers (-DQRUN_GDN_NO_DH_PRODUCERS) a block of each
 // fits on one SM.
