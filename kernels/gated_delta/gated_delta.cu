@@ -63,7 +63,7 @@ int64_t bwd_chunk_slots(const GdnProblem& p) {
 }
 
 struct Layout {
-  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, gacc, part, frobp, total_fwd, total_bwd;
+  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, gacc, part, total_fwd, total_bwd;
 };
 
 Layout layout(const GdnProblem& p) {
@@ -92,11 +92,9 @@ Layout layout(const GdnProblem& p) {
   l.dhs = take(NT * HV * KV * planes);
   l.Dl = take(NT * HV * C * DV * planes);
   l.dDl = take(NT * HV * C * DV * planes);
-  l.gacc = take((size_t)bwd_chunk_slots(p) * 2 * C * DK * f);
+  // (then each block's gram slot: K K^T and Q K^T of its current group, 2 x C x C floats)
+  l.gacc = take((size_t)bwd_chunk_slots(p) * (2 * C * DK + 2 * C * C) * f);
   l.part = take(NT * HV * 2 * f);
-#ifdef QRUN_GDN_FROB_DH
-  l.frobp = take(NT * HV * kFrobParts * f);
-#endif
   l.total_bwd = off;
   return l;
 }
@@ -153,9 +151,6 @@ KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
     k.dDl = reinterpret_cast<__nv_bfloat16*>(w + l.dDl);
     k.gacc = reinterpret_cast<float*>(w + l.gacc);
     k.part = reinterpret_cast<float*>(w + l.part);
-#ifdef QRUN_GDN_FROB_DH
-    k.frobp = nullptr;  // (set where the fp16 reverse pass writes the partials: gdn_backward)
-#endif
   }
   return k;
 }
@@ -455,33 +450,18 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     launch_common_fwd(k, p, s, pr, kPrepB16);
     if (p.num_seqs > 0) {
       const int64_t blocks = p.num_seqs * p.HV * seq_t_slices();
-      const auto launch_rec16t = [&] {
-        set_smem(gdn_rec16t_kernel, rec16t_smem_bytes(), 9);
-        gdn_rec16t_kernel<<<grid1d(blocks, "state"), rec16t_threads(), rec16t_smem_bytes(), s>>>(k);
-        check_launch("gdn_rec16t_kernel");
-      };
-#ifdef QRUN_GDN_FROB_DH
-      // v59 (experiment): on sm_90a the recompute first, so that the reverse pass can read the S
-      // planes entering each chunk and sum <S0, dS_C> (bwd_chunk's V loop read both planes for it)
-      const bool rec_first = rec16t_runs();
-      if (rec_first) {
-        launch_rec16t();
-        k.frobp = reinterpret_cast<float*>(static_cast<char*>(ws) + layout(p).frobp);
-      }
-#else
-      constexpr bool rec_first = false;
-#endif
       set_smem(gdn_dh16t_kernel, dh16t_smem_bytes(), 8);
       gdn_dh16t_kernel<<<grid1d(blocks, "dh"), dh16t_threads(), dh16t_smem_bytes(), s>>>(k);
       check_launch("gdn_dh16t_kernel");
       if (rec16t_runs()) {
         // sm_90a: the recompute in the register-state form (v44), one block per 64-wide slice like
-        // the reverse pass, launched after it (before it in v59, above). Not beside it: the two
-        // share SMs badly. At 1x8192
+        // the reverse pass, launched after it. Not beside it: the two share SMs badly. At 1x8192
         // (96 + 96 blocks) the pair took 1.08 ms when the recompute was the reverse pass's
         // programmatic dependent (0.89 ms the other way round) and 0.85 ms one after the other,
         // against 0.46 + 0.40 ms alone (session 19).
-        if (!rec_first) launch_rec16t();
+        set_smem(gdn_rec16t_kernel, rec16t_smem_bytes(), 9);
+        gdn_rec16t_kernel<<<grid1d(blocks, "state"), rec16t_threads(), rec16t_smem_bytes(), s>>>(k);
+        check_launch("gdn_rec16t_kernel");
       } else {
         // The bf16x2 recompute (256 threads per 32-wide slice) as the reverse pass's programmatic
         // dependent: its blocks fill the SM room the reverse pass leaves (session 18, H200, before

@@ -162,13 +162,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   const int L = (int)((eos - t0) < C ? (eos - t0) : C);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int wr = warp & 3, wc = warp >> 2;
-#ifdef QRUN_GDN_FROB_DH
-  // v59 (experiment): <S0, dS_C> from the reverse pass's partials, unless this (sequence, value
-  // head) was redone by the bf16x2 fallback, whose reverse pass forms none (the V loop sums it then)
-  const bool frob_pre = p.frobp && !(p.run_if && p.run_if[n * p.HV + hv]);
-#else
-  constexpr bool frob_pre = false;
-#endif
 
   constexpr Qk128 el;
   if (j == 0) load_qk_tiles<kBwdThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L, el);  // raw q/k (exact bf16) + l2norm scales (kept for the group)
@@ -182,10 +175,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     cp_async4(gam + tid, p.gam + (t0 + r) * p.HV + hv, 4);
     cp_async4(bet + tid, p.bet + (t0 + r) * p.HV + hv, tid < L ? 4 : 0);
   }
-#ifdef QRUN_GDN_FROB_DH
-  if (p.frobp && tid < kBwdThreads / 32)  // the partials into red, zeros after them (with slice 0)
-    cp_async4(red + tid, p.frobp + (c * p.HV + hv) * kFrobParts + (tid < kFrobParts ? tid : 0), tid < kFrobParts ? 4 : 0);
-#endif
 
   float aQ[4][4], aKs[4][4], aW[4][4], aPD[2][4], aT[2][4];
   // Adds the group's running sum (slot `which`: 0 dq, 1 dk) to a, and keeps the new sum there.
@@ -424,8 +413,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     }
 #endif
     GDN_PH(3);
-    if (!frob_pre) {  // <S0, dS_C> of the slice, from the planes (hi + lo; the same layout in all
-                      // four): eight elements per thread, one 16-byte load per plane
+    {  // <S0, dS_C> of the slice, from the planes (hi + lo; the same layout in all four): eight
+       // elements per thread, one 16-byte load per plane
       const int off = 8 * tid;
       static_assert(8 * kBwdThreads == SPL, "one 16-byte piece per thread and plane");
       const uint4 q[4] = {*reinterpret_cast<const uint4*>(S0p + off), *reinterpret_cast<const uint4*>(S0p + SPL + off),
@@ -470,8 +459,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #endif
     GDN_PH(4);
   }
-  // block-reduce frob (deterministic; v59: red holds the reverse pass's partials already)
-  if (!frob_pre) {
+  // block-reduce frob (deterministic)
+  {
 #pragma unroll
     for (int o = 16; o; o >>= 1) frob += __shfl_xor_sync(0xffffffffu, frob, o);
     if (lane == 0) red[warp] = frob;
@@ -584,7 +573,21 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   GDN_PH(5);
   // acc = diag(rsX) X K^T diag(rsK) at the lane's fragment positions (rows 16 wr + gq (+8), columns
   // 16 wc + 8 n + 2 tq (+1)), from the raw tiles (exact products; scales applied after)
-  const auto gram_acc = [&](const __nv_bfloat16* Xb, const float* rsX, float (&acc)[2][4]) {
+  // K K^T and Q K^T depend on the key head only: the group's first value head forms them and keeps
+  // the fragments in the block's gram slot (after all dq/dk slots of p.gacc, fragment order: each
+  // thread reads back what it wrote, no barrier); the others read them back (v60 on the H200:
+  // backward 2.165 -> 2.126 ms at 1x8192, 1.934 -> 1.903 at 4x2048, three paired rounds).
+  const auto gram_acc = [&](const __nv_bfloat16* Xb, const float* rsX, float (&acc)[2][4], int which) {
+    float4* const gs = reinterpret_cast<float4*>(p.gacc + (int64_t)gridDim.x * 2 * C * DK) +
+                       ((int64_t)blockIdx.x * 2 + which) * (C * C / 4) + threadIdx.x;
+    if (j > 0) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const float4 x = gs[n * kBwdThreads];
+        acc[n][0] = x.x; acc[n][1] = x.y; acc[n][2] = x.z; acc[n][3] = x.w;
+      }
+      return;
+    }
     zero_acc(acc);
 #if GDN_BWD_WY
     wy_mma_sync<0, 0, DK / 16, 0, 0>(acc, wg::k128(Xb, 0), wg::k128(Kb, 16 * wc));
@@ -596,6 +599,9 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[n][e] *= rx[e >> 1] * rsK[16 * wc + 8 * n + 2 * tq + (e & 1)];
+    if (p.G > 1)
+#pragma unroll
+      for (int n = 0; n < 2; ++n) gs[n * kBwdThreads] = make_float4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
   };
   // Per-row and per-column sums of a 64 x 64 fragment matrix (the lane's rows 16 wr + gq + 8 hh,
   // columns 16 wc + 8 n + 2 tq + u), reduced over the warp's lanes in a fixed order and stored as
@@ -626,7 +632,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   };
   const auto gram_k = [&](const __nv_bfloat16* Xb, const float* rsX, float* out) {
     float acc[2][4];
-    gram_acc(Xb, rsX, acc);
+    gram_acc(Xb, rsX, acc, 0);
     for_frag(acc, [&](int r, int j, float& x) { out[(16 * wr + r) * LDC + 16 * wc + j] = x; });
   };
   for_frag(aT, [&](int r, int j, float& x) {
@@ -655,7 +661,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // threads per row summed them: 3.5 % of bwd_chunk's stall samples, ncu session 22.)
   {
     float qk[2][4];
-    gram_acc(Qb, rsQ, qk);
+    gram_acc(Qb, rsQ, qk, 1);
     float rs[2] = {0.f, 0.f}, cs[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
     for (int nn = 0; nn < 2; ++nn)

@@ -48,12 +48,9 @@ struct KParams {
   __nv_bfloat16* hs; __nv_bfloat16* dhs;  // rows = K: S entering / dS leaving each chunk
   __nv_bfloat16* Dl; __nv_bfloat16* dDl;  // rows = C: Delta, dDelta (rows >= L zero)
   float* gacc;               // [bwd_chunk blocks][2][C*K]: each block's running dq, dk sums over
-                             // a key head's value-head group (fragment order, see bwd_chunk_item)
+                             // a key head's value-head group (fragment order, see bwd_chunk_item),
+                             // then [blocks][2][C*C]: its group's K K^T and Q K^T fragments
   float* part;               // [NT,HV,2]
-#ifdef QRUN_GDN_FROB_DH
-  float* frobp;              // v59 (experiment): [NT,HV,kFrobParts] the reverse pass's partial sums of
-                             // <S0, dS_C> per (64-wide V block, warp); null: bwd_chunk forms the sum
-#endif
   // forward outputs
   void* o; int64_t o_st, o_sh;
   float* ht;
@@ -77,9 +74,6 @@ __device__ __forceinline__ const __nv_bfloat16* bf16_at(const void* p, int64_t o
   return static_cast<const __nv_bfloat16*>(p) + off;
 }
 
-#ifdef QRUN_GDN_FROB_DH
-constexpr int kFrobParts = 8;  // (the reverse pass: 2 blocks of 64 V columns x 4 compute warps)
-#endif
 // Element offset of the plane pair of V slice vs of (chunk c, value head hv) in the backward's
 // hs/dhs (rows = DK) and Dl/dDl (rows = C) buffers.
 __host__ __device__ constexpr int64_t slice_planes(int64_t c, int HV, int hv, int vs, int rows) {

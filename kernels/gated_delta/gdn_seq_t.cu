@@ -419,65 +419,14 @@ __device__ __forceinline__ int stage_off(int plane, int r, int half) {
   return plane * 512 + r * 16 + ((half ^ ((r >> 2) & 1)) << 3);
 }
 
-#ifdef QRUN_GDN_FROB_DH
-// v59 (experiment, -DQRUN_GDN_FROB_DH): the reverse pass sums <S0, dS_C> for bwd_chunk, whose V loop
-// read both plane pairs from shared memory for it (11.5 % of bwd_chunk's stall samples, session
-// 22). The recompute runs first then; the S planes entering each chunk (the two 32-wide slices of
-// the block: 32 KB) are copied in with the chunk's other operands, and each 16-byte piece of dS
-// that store_planes_t writes meets the S piece at the same offset.
-constexpr int kS0Bytes = 2 * 2 * DK * BV * 2;
-// Element offset of the 16-byte piece (plane pl2 = 2 slice + hi/lo, row, col8) in the S buffer:
-// rows 2l, 2l+1 share a 128-byte line and its chunk q is XORed with 2 (l & 3), so that the 8 lanes
-// of a phase in planes_dot (4 rows x 2 halves) read 8 different bank groups.
-__device__ __forceinline__ int s0_off(int pl2, int row, int col8) {
-  const int q = ((row & 1) << 2) | (col8 >> 3);
-  return pl2 * DK * BV + (row >> 1) * 64 + ((q ^ (((row >> 1) & 3) << 1)) << 3);
-}
-// The S planes entering chunk c of slices vsl0, vsl0 + 1 into dst (kTThreads copying threads).
-__device__ __forceinline__ void s0_load(__nv_bfloat16* dst, const KParams& p, int hv, int vsl0, int64_t c, int tid) {
-  const __nv_bfloat16* src = p.hs + slice_planes(c, p.HV, hv, vsl0, DK);
-#pragma unroll 4
-  for (int i = 0; i < kS0Bytes / 16 / kTThreads; ++i) {
-    const int v = tid + i * kTThreads;  // 16-byte pieces, 4 per row of a [128][32] plane
-    cp_async16(dst + s0_off(v >> 9, (v >> 2) & (DK - 1), (v & 3) * 8), src + v * 8, 16);
-  }
-}
-// The dot of one round's four stored pieces (t, t + 2: hi and lo of the same 8 elements) with the
-// S pieces at the same places, added to acc (store_planes_t<NN, true>)
-__device__ __forceinline__ void planes_dot(const uint4 (&pcs)[4], int rd, int cw, int lane, const __nv_bfloat16* s0,
-                                           float& acc) {
-  const auto f2 = [](uint32_t u) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u)); };
-#pragma unroll
-  for (int t = 0; t < 2; ++t) {
-    const int pc = lane + 32 * t, r = (pc >> 1) & 31, half = pc & 1;
-    const int o = s0_off(0, 32 * rd + r, cw + 8 * half);
-    const uint4 sh = *reinterpret_cast<const uint4*>(s0 + o), sl = *reinterpret_cast<const uint4*>(s0 + DK * BV + o);
-    const uint32_t dh[4] = {pcs[t].x, pcs[t].y, pcs[t].z, pcs[t].w};
-    const uint32_t dl[4] = {pcs[t + 2].x, pcs[t + 2].y, pcs[t + 2].z, pcs[t + 2].w};
-    const uint32_t ah[4] = {sh.x, sh.y, sh.z, sh.w}, al[4] = {sl.x, sl.y, sl.z, sl.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 x = f2(dh[i]), y = f2(dl[i]), u = f2(ah[i]), w = f2(al[i]);
-      acc += (x.x + y.x) * (u.x + w.x) + (x.y + y.y) * (u.y + w.y);
-    }
-  }
-}
-#else
-__device__ __forceinline__ void planes_dot(const uint4 (&)[4], int, int, int, const __nv_bfloat16*, float&) {}
-#endif
-
 // Stores a warp's transposed fp32 tile M^T (rows: its 16 value columns; NN n8 tiles over M's rows
 // i) as the hi/lo bf16 planes of M in the backward's [2][rows][BV] slice layout (slice_planes),
 // columns cw..cw+15 of the 32-wide slice. 32 rows at a time go through the warp's staging area
 // (transposed by stmatrix) and leave as 16-byte pieces, two per 32-byte sector: 4-byte fragment
 // stores straight to global memory cost 0.45 ms at 1x8192 (measured in session 15).
-// kDot (v59, -DQRUN_GDN_FROB_DH): also adds the dot of the stored planes (hi + lo) with the S planes
-// at s0 (the same layout, s0_off) to *acc; a lane's pieces t and t + 2 of a round are the hi and lo
-// planes of the same 8 elements.
-template <int NN, bool kDot = false>
+template <int NN>
 __device__ __forceinline__ void store_planes_t(__nv_bfloat16* dst, const float (&a)[NN][4], int cw, int lane,
-                                               __nv_bfloat16* stage, const __nv_bfloat16* s0 = nullptr,
-                                               float* acc = nullptr) {
+                                               __nv_bfloat16* stage) {
   static_assert(NN % 4 == 0, "32-row rounds");
   constexpr int rows = 8 * NN;
   const int m = lane >> 3, c = lane & 7;  // this lane's stmatrix row address: matrix m, row c
@@ -493,23 +442,15 @@ __device__ __forceinline__ void store_planes_t(__nv_bfloat16* dst, const float (
       stsm_x4_t(stage + stage_off(m >> 1, 8 * q + c, m & 1), hi0, hi1, lo0, lo1);
     }
     __syncwarp();
-    [[maybe_unused]] uint4 pcs[4];
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       const int pc = lane + 32 * t, pl = pc >> 6, r = (pc >> 1) & 31, half = pc & 1;
-      if constexpr (kDot) {
-        pcs[t] = *reinterpret_cast<const uint4*>(stage + stage_off(pl, r, half));
-        *reinterpret_cast<uint4*>(dst + pl * rows * BV + (32 * rd + r) * BV + cw + 8 * half) = pcs[t];
-      } else {
-        *reinterpret_cast<uint4*>(dst + pl * rows * BV + (32 * rd + r) * BV + cw + 8 * half) =
-            *reinterpret_cast<const uint4*>(stage + stage_off(pl, r, half));
-      }
+      *reinterpret_cast<uint4*>(dst + pl * rows * BV + (32 * rd + r) * BV + cw + 8 * half) =
+          *reinterpret_cast<const uint4*>(stage + stage_off(pl, r, half));
     }
-    if constexpr (kDot) planes_dot(pcs, rd, cw, lane, s0, *acc);
     __syncwarp();
   }
 }
-
 
 // Power-of-two scale mu (and 1/mu) that brings a largest magnitude m into [2^14, 2^15): the
 // reverse pass's fp16 operands are gradients, which have no fixed range, so each product's A
@@ -867,7 +808,7 @@ constexpr int kDhBlocksPerSm = kDhProducers ? 1 : 2;
 // row factors are double-buffered, so a step has one barrier (v43; until v42 the q tile was
 // single-buffered and waited for in the middle of the step; backward on fp16 operands 2.64 -> 2.57 ms
 // at 1x8192, 2.31 -> 2.29 at 4x2048, session 18). On sm_90a the recompute (gdn_rec16t_kernel)
-// runs after this kernel (before it with -DQRUN_GDN_FROB_DH, v59). Elsewhere the bf16x2 recompute (gdn_state_kernel) is launched right after
+// runs after this kernel. Elsewhere the bf16x2 recompute (gdn_state_kernel) is launched right after
 // it as its programmatic dependent (the two passes are independent, see gdn_backward) and leaves
 // out its unused q tile, so that without the producers (-DQRUN_GDN_NO_DH_PRODUCERS) a block of each
 // fits on one SM.
@@ -892,23 +833,6 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
   // step c's copies: chunk c-1's operands, into the other buffer
-#ifdef QRUN_GDN_FROB_DH
-  unsigned char* const s0raw = smraw + 2 * buf_bytes(kDh) + (size_t)kTW * kStageEl * 2;
-  const auto s0buf = [&](int64_t c) { return reinterpret_cast<__nv_bfloat16*>(s0raw + (c & 1) * kS0Bytes); };
-  // chunk c's operands into buffer c & 1, and the S planes entering it
-  const auto load_chunk = [&](int64_t c) {
-    t_load<kDh>(tbuf<kDh>(smraw, (int)(c & 1)), p, h, hv, v0, chunk_geo(c, c_beg, bos, eos), ptid);
-    if (p.frobp) s0_load(s0buf(c), p, hv, v0 / BV, c, ptid);
-  };
-  const auto copies = [&](int64_t c) {
-    if (c > c_beg) load_chunk(c - 1);
-    cp_async_commit();
-  };
-  const auto first_copies = [&] {  // chunk c_end-1's operands
-    if (c_beg < c_end) load_chunk(c_end - 1);
-    cp_async_commit();
-  };
-#else  // (the same without the S planes, written out: the lambda above changed the default's code)
   const auto copies = [&](int64_t c) {
     if (c > c_beg) t_load<kDh>(tbuf<kDh>(smraw, (int)((c - 1) & 1)), p, h, hv, v0, chunk_geo(c - 1, c_beg, bos, eos), ptid);
     cp_async_commit();
@@ -917,21 +841,6 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
     if (c_beg < c_end) t_load<kDh>(tbuf<kDh>(smraw, (int)((c_end - 1) & 1)), p, h, hv, v0, chunk_geo(c_end - 1, c_beg, bos, eos), ptid);
     cp_async_commit();
   };
-#endif
-#ifdef QRUN_GDN_FROB_DH
-  // dS leaving chunk c to its planes, and this warp's partial of <S0, dS_C> to p.frobp
-  const auto store_ds = [&](__nv_bfloat16* dst, const float (&st)[16][4], int64_t c, int vsl, int cw, __nv_bfloat16* stage) {
-    if (!p.frobp) {
-      store_planes_t<16>(dst, st, cw, lane, stage);
-      return;
-    }
-    float fr = 0.f;
-    store_planes_t<16, true>(dst, st, cw, lane, stage, s0buf(c) + 2 * (vsl - v0 / BV) * DK * BV, &fr);
-#pragma unroll
-    for (int o = 16; o; o >>= 1) fr += __shfl_xor_sync(0xffffffffu, fr, o);
-    if (lane == 0) p.frobp[(c * p.HV + hv) * kFrobParts + vs * kTW + warp] = fr;
-  };
-#endif
   if (producer) {  // the producers: the copies, and the barrier of each step
     first_copies();
     producer_steps<-1>(c_end - 1, c_beg, copies);
@@ -1004,11 +913,7 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
     auto* const dhs_c = p.dhs + slice_planes(c, p.HV, hv, vsl, DK);  // dS leaving chunk c
     GDN_PH(9);
 #if GDN_DH_WGMMA
-#ifdef QRUN_GDN_FROB_DH
-    store_ds(dhs_c, st, c, vsl, cw, stage);
-#else
     store_planes_t<16>(dhs_c, st, cw, lane, stage);
-#endif
     {  // (X: K-major B, column block kk / 4, k16 step kk % 4 inside the 128-byte rows)
       uint32_t a[8][4];
 #pragma unroll
@@ -1026,11 +931,7 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
       wg::pin(y);
     }
 #else
-#ifdef QRUN_GDN_FROB_DH
-    store_ds(dhs_c, st, c, vsl, cw, stage);
-#else
     store_planes_t<16>(dhs_c, st, cw, lane, stage);
-#endif
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       uint32_t a[4];
@@ -1342,11 +1243,6 @@ int dh16t_threads() { return kDhThreads; }
 // bytes of dynamic shared memory of gdn_dh16t_kernel: two operand buffers, the four compute warps'
 // staging areas
 size_t dh16t_smem_bytes() {
-#ifdef QRUN_GDN_FROB_DH
-  static_assert(kTNS * kTW == kFrobParts, "one <S0, dS_C> partial per (64-wide V block, compute warp)");
-  // (+64 KB on every architecture: 191 KB, more than sm_80 and sm_86 allow; an sm_90 experiment)
-  return 2 * buf_bytes(kDh) + (size_t)kTW * kStageEl * 2 + 2 * (size_t)kS0Bytes + (GDN_DH_LAYOUT ? 1024 : 0);
-#endif
   return 2 * buf_bytes(kDh) + (size_t)kTW * kStageEl * 2 + (GDN_DH_LAYOUT ? 1024 : 0);
 }
 
