@@ -868,8 +868,8 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
     if (!kDhProducers) copies(c);
     GDN_PH(8);
     // The step's first two products are independent: X^T = dS^T K^T (A = mu_S dS^T) and
-    // Y^T = dO^T P (A = mu_O dO^T). On wgmma they run as one group, and the dS planes leaving
-    // chunk c are stored while it is in flight (v40).
+    // Y^T = dO^T P (A = mu_O dO^T). On wgmma they run as one group (v40), and the dS planes leaving
+    // chunk c are stored later, under the T product (v61c).
     Pow2 sS;
     {
       AbsMax m;
@@ -913,7 +913,6 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
     auto* const dhs_c = p.dhs + slice_planes(c, p.HV, hv, vsl, DK);  // dS leaving chunk c
     GDN_PH(9);
 #if GDN_DH_WGMMA
-    store_planes_t<16>(dhs_c, st, cw, lane, stage);
     {  // (X: K-major B, column block kk / 4, k16 step kk % 4 inside the 128-byte rows)
       uint32_t a[8][4];
 #pragma unroll
@@ -976,6 +975,10 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
     mma_lower_kn_wg(y, da, b.T);
     wg::commit();
     store_planes_t<8>(dDl_c, x, cw, lane, stage);
+    // the dS planes leaving chunk c too (v61c: 253 registers, no spills; backward 2.123 -> 2.113
+    // ms at 1x8192, 1.910 -> 1.895 at 4x2048 over three paired rounds. Under the X/Y group
+    // instead, v61a, it spilled 400 B: x, y, a and oa are all live there)
+    store_planes_t<16>(dhs_c, st, cw, lane, stage);
     wg::wait<0>();
     wg::pin(y);
 #else
