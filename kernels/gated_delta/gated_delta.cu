@@ -17,7 +17,6 @@
 namespace qrun::gdn {
 namespace detail {
 // kernels (defined in gdn_fwd.cu / gdn_bwd.cu)
-__global__ void gdn_l2norm_rstd_kernel(KParams p);
 __global__ void gdn_prep_kernel(KParams p);
 __global__ void gdn_prep16_kernel(KParams p);
 __global__ void gdn_prep16b_kernel(KParams p);
@@ -250,17 +249,11 @@ unsigned grid1d(int64_t blocks, const char* what) {
   return (unsigned)blocks;
 }
 
-// l2norm scales and prep. Kinds: the bf16x2 prep (kPrepHL), the fast forward's (kPrepF16), the
-// fast backward's (kPrepB16). A fallback launch (k.run_if set) skips the l2norm scales: the fast
-// path computed them already.
+// prep (with the l2norm scales: qk_row_scales). Kinds: the bf16x2 prep (kPrepHL), the fast
+// forward's (kPrepF16), the fast backward's (kPrepB16). A fallback launch (k.run_if set) forms the
+// scales again for its own use but leaves p.rk / p.rq as the fast path's prep wrote them.
 enum PrepKind { kPrepHL, kPrepF16, kPrepB16 };
 void launch_common_fwd(const KParams& k, const GdnProblem& p, cudaStream_t s, Prof& pr, PrepKind kind) {
-  if (p.qk_l2norm && p.total_tokens > 0 && !k.run_if) {
-    const dim3 grid(grid1d((p.total_tokens + kRstdTokens - 1) / kRstdTokens, "l2norm"), (unsigned)(2 * p.H));
-    gdn_l2norm_rstd_kernel<<<grid, kRstdThreads, 0, s>>>(k);
-    check_launch("gdn_l2norm_rstd_kernel");
-    pr.mark("l2norm_rstd");
-  }
   if (p.num_chunks > 0) {
     // one block per (chunk, key head) group; the fallback launch (k.run_if) walks the groups on a
     // small grid (gdn_prep_fallback_kernel)

@@ -1,5 +1,4 @@
 // Forward-direction kernels of the chunked gated delta rule:
-//   gdn_l2norm_rstd_kernel  per (token, key head) rstd of q and k (optional)
 //   gdn_prep_kernel         per (chunk, key head) and each value head of its group: gate + chunk
 //                           cumsum, beta, A, T = (I+A)^-1, P = (Q K^T) .* Gamma (lower incl. diagonal)
 // (the sequential gdn_state_kernel is in gdn_seq.cu)
@@ -17,47 +16,6 @@ __device__ __forceinline__ void chunk_info(const KParams& p, int64_t c, int& n, 
   t0 = bos + (int64_t)ci * C;
   const int64_t rem = eos - t0;
   L = rem < C ? (int)rem : C;
-}
-
-// grid (ceil(T / kRstdTokens), 2H): block (x, y) takes tokens x*kRstdTokens.. of key head y % H
-// of q (y < H) or k. A row of 128 bf16 is 16 pieces of 16 bytes: a half-warp per row, and each
-// thread has kRstdRows rows' loads in flight (one row per warp and 2-byte loads, as before v23,
-// left each block with one short dependent load and took 0.05 ms at 1x8192: latency, not bytes).
-__global__ void __launch_bounds__(kRstdThreads) gdn_l2norm_rstd_kernel(KParams p) {
-  const int tid = threadIdx.x, c8 = (tid & 15) * 8;
-  const bool isk = (int)blockIdx.y >= p.H;
-  const int h = isk ? (int)blockIdx.y - p.H : (int)blockIdx.y;
-  const void* src = isk ? p.k : p.q;
-  const int64_t st = isk ? p.k_st : p.q_st, hb = (int64_t)h * (isk ? p.k_sh : p.q_sh);
-  const bool vec = isk ? p.vec_k : p.vec_q;
-  const int64_t tb = (int64_t)blockIdx.x * kRstdTokens + (tid >> 4);
-  float s[kRstdRows];
-#pragma unroll
-  for (int i = 0; i < kRstdRows; ++i) {
-    const int64_t t = tb + i * (kRstdThreads / 16);
-    s[i] = 0.f;
-    if (t >= p.T) continue;
-    const __nv_bfloat16* x = bf16_at(src, t * st + hb + c8);
-    if (vec) {
-      const uint4 u = *reinterpret_cast<const uint4*>(x);
-      for (uint32_t w : {u.x, u.y, u.z, u.w}) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
-        s[i] += f.x * f.x + f.y * f.y;
-      }
-    } else {
-      for (int e = 0; e < 8; ++e) {
-        const float f = __bfloat162float(x[e]);
-        s[i] += f * f;
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kRstdRows; ++i) {
-#pragma unroll
-    for (int o = 8; o; o >>= 1) s[i] += __shfl_xor_sync(0xffffffffu, s[i], o);  // within the half-warp
-    const int64_t t = tb + i * (kRstdThreads / 16);
-    if ((tid & 15) == 0 && t < p.T) (isk ? p.rk : p.rq)[t * p.H + h] = rsqrtf(s[i] + 1e-6f);
-  }
 }
 
 constexpr int kPrepThreads = 256;
@@ -132,8 +90,9 @@ __device__ __forceinline__ void prep_group(const KParams& p, float* sm, int64_t 
   __shared__ unsigned amax[3];  // F16: largest |x| of the fp16 T, P and q/k copies
   if (F16 && tid == 0) amax[2] = 0;
 
-  // raw q/k (exact bf16 operands of KK^T and QK^T); l2norm scales applied after the products
-  load_qk_tiles<kPrepThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L);
+  // raw q/k (exact bf16 operands of KK^T and QK^T); l2norm scales formed here from the tiles
+  // (qk_row_scales) and applied after the products
+  load_qk_tiles<kPrepThreads, QkRows, false>(p, Kb, Qb, rsK, rsQ, t0, h, L);
   cp_async_wait_all();
   __syncthreads();
   float kk[4][4], qk[4][4];  // this warp's 16 x 32 tiles of K K^T and Q K^T
@@ -141,6 +100,7 @@ __device__ __forceinline__ void prep_group(const KParams& p, float* sm, int64_t 
   zero_acc(qk);
   mma_raw_rows<4, DK, LDKB>(kk, Kb, 16 * wr, Kb, 32 * wc);
   mma_raw_rows<4, DK, LDKB>(qk, Qb, 16 * wr, Kb, 32 * wc);
+  qk_row_scales<kPrepThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L);  // (read after the barrier below)
   if (F16) {  // fp16 q/k rows of key head h (rows >= L are never read)
     AbsMax m;
     for (int v = tid; v < 2 * C * DK / 8; v += kPrepThreads) {

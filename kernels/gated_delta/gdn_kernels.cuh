@@ -94,9 +94,6 @@ __device__ __forceinline__ ChunkGeo chunk_geo(int64_t c, int64_t c_beg, int64_t 
   return g;
 }
 
-// gdn_l2norm_rstd_kernel: threads per block, rows in flight per thread, tokens per block
-constexpr int kRstdThreads = 256, kRstdRows = 4, kRstdTokens = kRstdThreads / 16 * kRstdRows;
-
 // Block bid of a sequential kernel with `slices` blocks (V slices) per (sequence, value head): its
 // slice, value head, key head and sequence.
 struct SeqBlock {
@@ -118,13 +115,14 @@ constexpr int LDKB = DK + 8;  // row stride (bf16) of the raw q/k tiles of prep 
 // Raw bf16 q and k rows of the chunk at token t0 (key head h) into [C][DK] tiles of layout
 // el(row, column) (element offsets, 16-byte pieces of 8 columns contiguous: [C][LDKB] rows by
 // default), rows >= L zero (cp.async when both are 16-byte aligned, plain stores otherwise), and
-// their l2norm row scales (cp.async; 1 without the norm, 0 beyond L). One committed cp.async
+// their l2norm row scales (cp.async from p.rk / p.rq, which prep writes; 1 without the norm, 0
+// beyond L; kLoadRs = false: the caller forms them, qk_row_scales). One committed cp.async
 // group: complete after cp_async_wait_all() (or a wait that covers it) + __syncthreads(). Called
 // by all NT threads.
 struct QkRows {
   __device__ __forceinline__ int operator()(int r, int c) const { return r * LDKB + c; }
 };
-template <int NT, class El = QkRows>
+template <int NT, class El = QkRows, bool kLoadRs = true>
 __device__ __forceinline__ void load_qk_tiles(const KParams& p, __nv_bfloat16* Kb, __nv_bfloat16* Qb,
                                               float* rsK, float* rsQ, int64_t t0, int h, int L, El el = {}) {
   const int tid = threadIdx.x;
@@ -145,7 +143,7 @@ __device__ __forceinline__ void load_qk_tiles(const KParams& p, __nv_bfloat16* K
       Qb[el(r, cc)] = r < L ? qbase[r * p.q_st + cc] : z;
     }
   }
-  if (tid < C) {  // (asynchronous: a plain load here stalled these warps' part of the loads after it)
+  if (kLoadRs && tid < C) {  // (asynchronous: a plain load here stalled these warps' part of the loads after it)
     const bool ok = tid < L;
     if (p.l2norm) {
       const int64_t i = (t0 + (ok ? tid : 0)) * p.H + h;
@@ -157,6 +155,38 @@ __device__ __forceinline__ void load_qk_tiles(const KParams& p, __nv_bfloat16* K
     }
   }
   cp_async_commit();
+}
+
+// The l2norm row scales of the q/k tiles that load_qk_tiles put in shared memory (its default
+// layout, after the wait and the barrier), into rsK / rsQ (1 without the norm, 0 beyond L), and,
+// with the norm, into p.rk / p.rq for the kernels after prep (not in a fallback launch: the fast
+// path's prep wrote the same values). rsqrt(sum x^2 + 1e-6), two threads per row (interleaved
+// 16-byte pieces, then one shuffle: a fixed order). prep forms them here since v62: the tiles are
+// in shared memory anyway, and the separate pass over q and k (gdn_l2norm_rstd_kernel) took
+// 0.035 ms at 1x8192 in the forward and again in the backward. Visible after a barrier.
+template <int NT>
+__device__ __forceinline__ void qk_row_scales(const KParams& p, const __nv_bfloat16* Kb, const __nv_bfloat16* Qb,
+                                              float* rsK, float* rsQ, int64_t t0, int h, int L) {
+  static_assert(NT % 64 == 0, "whole warps, two threads per row");
+  for (int v = threadIdx.x; v < 4 * C; v += NT) {
+    const int row = v >> 1, half = v & 1, isq = row >= C, r = row - isq * C;
+    const __nv_bfloat16* x = (isq ? Qb : Kb) + r * LDKB;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < DK / 16; ++i) {
+      const uint4 u = *reinterpret_cast<const uint4*>(x + (2 * i + half) * 8);
+      for (uint32_t w : {u.x, u.y, u.z, u.w}) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+        s += f.x * f.x + f.y * f.y;
+      }
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    if (half == 0) {
+      const float rs = r < L ? (p.l2norm ? rsqrtf(s + 1e-6f) : 1.f) : 0.f;
+      (isq ? rsQ : rsK)[r] = rs;
+      if (p.l2norm && !p.run_if && r < L) (isq ? p.rq : p.rk)[(t0 + r) * p.H + h] = rs;
+    }
+  }
 }
 
 }  // namespace qrun::gdn::detail
