@@ -65,11 +65,7 @@ constexpr int kDdOff = kRedistF;  // (floats; above the two slice buffers too)
 static_assert(kSliceEl <= kDdOff, "slice buffers below the dDelta planes");
 constexpr int kUnionA = kDdOff + kDdEl / 2;
 constexpr int kUnion = (kUnionA > kPostF) ? kUnionA : kPostF;
-#ifdef QRUN_GDN_GATE_EARLY
-constexpr int kBwdSmemF = kQkF + C * C + kUnion + 31 * C + 8;  // (v63: + the fused gate's inputs)
-#else
-constexpr int kBwdSmemF = kQkF + C * C + kUnion + 30 * C + 8;
-#endif
+constexpr int kBwdSmemF = kQkF + C * C + kUnion + 31 * C + 8;
 
 // wgmma operands with the 128-byte swizzle start on 1024-byte boundaries (the q/k tiles, T planes,
 // XpA, XpB, dW and dT planes); the 64-byte-swizzled slice planes on 512-byte ones.
@@ -156,9 +152,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   float* rsQ = rsK + C;
   float* bge = rsQ + C;          // [C] beta e^gamma (per row of the item)
   float* bgk = bge + C;          // [C] beta e^gamma rsK (the dT product's column factors)
-#ifdef QRUN_GDN_GATE_EARLY
-  float* gx = bgk + C;           // [C] v63: the fused gate's input x = a + dt_bias per row
-#endif
+  float* gx = bgk + C;           // [C] the fused gate's input x = a + dt_bias per row (v63)
 
   const int hv = (int)(bid % p.HV);
   const int64_t c = bid / p.HV;
@@ -284,13 +278,11 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     }
   }
   cp_async_commit();
-#ifdef QRUN_GDN_GATE_EARLY
-  // v63 (experiment): the fused gate's input x = a + dt_bias read now, so that the load of a waits
-  // under slice 0's copies instead of at the item's end, where nothing hid it (the fused config's
-  // bwd_chunk took 1.167 ms against 1.117 without the fusions, session 23). Only x is kept: the
-  // factors formed here too (three arrays, the epilogue reading them) spilled 180 B.
+  // The fused gate's input x = a + dt_bias, read now (v63): the load of a waits under slice 0's
+  // copies instead of at the item's end, where nothing hid it (fused config's bwd_chunk 1.170 ->
+  // 1.158 ms, backward 2.176 -> 2.170 ms at 1x8192 over three paired rounds, session 24). Only x
+  // is kept: the factors formed here too (three arrays, the epilogue reading them) spilled 180 B.
   if (p.gate_fused && tid < L) gx[tid] = ld_any(p.a, p.a_dt, (t0 + tid) * p.a_st + hv) + p.dt_bias[hv];
-#endif
 #pragma unroll 1
   for (int vs = 0; vs < NVS; ++vs) {
     // One barrier per slice: slice vs (and the q/k tiles, T planes) landed, and every reader of
@@ -1013,11 +1005,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     const int64_t t = t0 + r, i = t * p.HV + hv;
     const float dg = dgam[r];
     if (p.gate_fused) {
-#ifdef QRUN_GDN_GATE_EARLY
       const float x = gx[r];  // (this thread's, from the prologue)
-#else
-      const float x = ld_any(p.a, p.a_dt, t * p.a_st + hv) + p.dt_bias[hv];
-#endif
       const float spg = x > 20.f ? 1.f : 1.f / (1.f + expf(-x));
       const float ea = expf(p.A_log[hv]);
       const float sp = x > 20.f ? x : log1pf(expf(x));
