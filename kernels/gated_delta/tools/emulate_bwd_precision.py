@@ -11,6 +11,8 @@ Runs the backward the way the kernels decompose it -- the h recompute and the re
     rec) | 'fp16x2' (scaled, then fp16 hi + fp16 lo: 22 bits), for a register-state recompute
     that must fit beside the fp16 reverse pass (session 15: fp16 states fail dA_log)
   fp16g / fp16x2g: one scale per 16-column group (a warp's tile in the register-state kernels)
+  ops: per V-loop operand ('S0', 'dSC', 'D', 'dD', 'dO', 'v' -> format; 'frob': 'exact' sums
+    <S0, dS_C> unrounded); fp16x2s: fp16 hi + lo at one power-of-2 scale per slice (22 bits)
 and reports the worst relative error (||x - exact|| / ||exact||, as test_gated_delta) of every
 gradient over 8 seeds, for the `qrun check` strong-gate case and for mild gates (run() also takes
 'near0': test_gated_delta's gate_kind 0 with the fused gate; session 16 used it), lens
@@ -18,6 +20,7 @@ gradient over 8 seeds, for the `qrun check` strong-gate case and for mild gates 
 
   .venv/bin/python kernels/gated_delta/tools/emulate_bwd_precision.py          # the table
   .venv/bin/python kernels/gated_delta/tools/emulate_bwd_precision.py recf     # the recompute's operands one by one
+  .venv/bin/python kernels/gated_delta/tools/emulate_bwd_precision.py single   # v64: single fp16 planes, operand by operand
   .venv/bin/python kernels/gated_delta/tools/emulate_bwd_precision.py check    # exact model vs
       torch autograd of the token loop (fails unless they agree to 1e-10; a ctest)
 
@@ -44,6 +47,15 @@ def fmt_round(x, fmt):
             if m == 0: y[:, s:s + BV] = 0; continue
             e = 14 - int(np.floor(np.log2(m)))
             y[:, s:s + BV] = (blk * 2.0 ** e).astype(np.float16).astype(np.float64) * 2.0 ** -e
+        return y
+    if fmt == 'fp16x2s':  # v64 option: hi = fp16s(x), lo = fp16 of the remainder at the same slice scale
+        y = np.empty_like(x)
+        for s in range(0, x.shape[1], BV):
+            blk = x[:, s:s + BV]; m = np.abs(blk).max()
+            if m == 0: y[:, s:s + BV] = 0; continue
+            e = 14 - int(np.floor(np.log2(m))); z = blk * 2.0 ** e
+            hi = z.astype(np.float16).astype(np.float64); lo = (z - hi).astype(np.float16).astype(np.float64)
+            y[:, s:s + BV] = (hi + lo) * 2.0 ** -e
         return y
     if fmt == 'fp16c':  # per column: scale so max |x[:, j]| -> [2^14, 2^15), fp16, unscale
         m = np.abs(x).max(axis=0)
@@ -82,7 +94,7 @@ def gates(rng, T, kind):
 
 def softplus(x): return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
 
-def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None, recf=None):
+def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None, recf=None, ops=None):
     rng = np.random.default_rng(seed)
     T = sum(lens)
     qr = bf16(rng.standard_normal((T, K))); kr = bf16(rng.standard_normal((T, K)))
@@ -145,9 +157,13 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None, recf=N
             S0, dSC, D, dD = R(c['S0']), R(c['dSC']), R(c['D']), R(c['dD'])
             RO = (lambda z: fmt_round(z, fmt_io)) if fmt_io else (lambda z: z)
             dOr, vr = RO(dOc), RO(vc)
+            if ops:  # per V-loop operand: {'S0', 'dSC', 'D', 'dD', 'dO', 'v'} -> format (else fmt / fmt_io)
+                f = lambda n, z, d: fmt_round(z, ops[n]) if n in ops else d
+                S0, dSC, D, dD = f('S0', c['S0'], S0), f('dSC', c['dSC'], dSC), f('D', c['D'], D), f('dD', c['dD'], dD)
+                dOr, vr = f('dO', dOc, dOr), f('v', vc, vr)
             gl = gam[-1]
             aQ = dOr @ S0.T; aKs = D @ dSC.T; aW = dD @ S0.T; aPD = dOr @ D.T; aT = dD @ vr.T
-            frob = np.sum(S0 * dSC)
+            frob = np.sum(S0 * dSC) if not (ops and ops.get('frob') == 'exact') else np.sum(c['S0'] * c['dSC'])
             TtdD = RT(Tm).T @ dD
             dbp = np.sum(TtdD * vr, axis=1)
             dv[t0:t0 + L] = bc[:, None] * TtdD
@@ -235,6 +251,18 @@ if __name__ == '__main__':
                     ex, _ = run(lens, 'exact', seed, kind); o, _ = run(lens, 'bf16x2', seed, kind, recf=recf)
                     for n in o: worst[n] = max(worst.get(n, 0), rel(o[n], ex[n]))
                 print(f'{kind:6s} S,Y,T,D\'={",".join(recf):27s} ' + ' '.join(f'{n}={worst[n]:.1e}' for n in worst), flush=True)
+        sys.exit(0)
+    if sys.argv[1:2] == ['single']:  # v64 (session 24): which V-loop operands may be single fp16 planes
+        allf = dict(S0='fp16s', dSC='fp16s', D='fp16s', dD='fp16s', dO='fp16s', v='fp16s')
+        for kind in ['strong', 'mild', 'near0']:
+            for name, ops in [('hi/lo (v63)', {}), ('all single', allf), ('Delta fp16x2s (v64)', dict(allf, D='fp16x2s')),
+                              ('Delta, S0 fp16x2s', dict(allf, D='fp16x2s', S0='fp16x2s')),
+                              ('Delta, dS_C fp16x2s', dict(allf, D='fp16x2s', dSC='fp16x2s'))]:
+                worst = {}
+                for seed in range(1, 9):
+                    ex, _ = run(lens, 'exact', seed, kind); o, _ = run(lens, 'bf16x2', seed, kind, None, None, 'dh', None, None, ops)
+                    for n in o: worst[n] = max(worst.get(n, 0), rel(o[n], ex[n]))
+                print(f'{kind:6s} {name:20s} ' + ' '.join(f'{n}={worst[n]:.1e}' for n in worst), flush=True)
         sys.exit(0)
     for kind in ['strong', 'mild']:
         for fmt, fT, fio, rec, wy in [('bf16x2', None, None, '-', None), ('fp16s', 'fp16s', 'fp16s', '-', None), ('bf16x2', None, None, 'h', None),
