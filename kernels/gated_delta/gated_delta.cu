@@ -34,8 +34,6 @@ size_t rec16t_smem_bytes();
 int rec16t_threads();
 cudaError_t rec16t_built(bool& built);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
-__global__ void gdn_bwd_chunk16_kernel(KParams p);
-__global__ void gdn_planes_single_kernel(KParams p);
 size_t seq_smem_bytes();
 size_t seq_smem_bytes_noq();
 size_t prep_smem_bytes();
@@ -55,12 +53,6 @@ void check_cuda(cudaError_t e, const char* what) {
 
 size_t align_up(size_t x) { return (x + 255) & ~size_t(255); }
 
-#ifdef QRUN_GDN_HILO_PLANES
-constexpr bool kSinglePlanes = false;  // (the hi/lo bf16 planes everywhere, to compare: v64 off)
-#else
-constexpr bool kSinglePlanes = true;
-#endif
-
 // bwd_chunk's grid is at most this many blocks (one per SM), each with its own slot of running
 // dq/dk sums in the workspace: a fixed cap, so that the workspace size needs no device query.
 constexpr int64_t kMaxBwdChunkBlocks = 256;
@@ -70,7 +62,7 @@ int64_t bwd_chunk_slots(const GdnProblem& p) {
 }
 
 struct Layout {
-  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, pmax, gacc, part, total_fwd, total_bwd;
+  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, gacc, part, total_fwd, total_bwd;
 };
 
 Layout layout(const GdnProblem& p) {
@@ -99,7 +91,6 @@ Layout layout(const GdnProblem& p) {
   l.dhs = take(NT * HV * KV * planes);
   l.Dl = take(NT * HV * C * DV * planes);
   l.dDl = take(NT * HV * C * DV * planes);
-  l.pmax = take(NT * HV * NVS * kPmaxW * f);  // (v64: the single planes' slice maxima)
   // (then each block's gram slot: K K^T and Q K^T of its current group, 2 x C x C floats)
   l.gacc = take((size_t)bwd_chunk_slots(p) * (2 * C * DK + 2 * C * C) * f);
   l.part = take(NT * HV * 2 * f);
@@ -157,7 +148,6 @@ KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
     k.dhs = reinterpret_cast<__nv_bfloat16*>(w + l.dhs);
     k.Dl = reinterpret_cast<__nv_bfloat16*>(w + l.Dl);
     k.dDl = reinterpret_cast<__nv_bfloat16*>(w + l.dDl);
-    k.pmax = reinterpret_cast<float*>(w + l.pmax);
     k.gacc = reinterpret_cast<float*>(w + l.gacc);
     k.part = reinterpret_cast<float*>(w + l.part);
   }
@@ -478,29 +468,15 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
       pr.mark("dh (fp16) + state(recompute h)");
     }
     k.run_if = k.f16_bad;
-    // v64: where the register-state recompute runs, both passes export single fp16 planes at
-    // per-slice scales (GDN_SINGLE_PLANES, gdn_kernels.cuh), and bwd_chunk multiplies fp16
-    k.single = kSinglePlanes && rec16t_runs();
   }
   fallbacks();
   report_fallback(io.fell_back, k, p, s);
-  if (k.single && p.num_chunks > 0) {  // the fallback pairs' hi/lo planes, made single
-    const int64_t items = p.num_chunks * p.HV * NVS, cap = 2 * (int64_t)sm_count();
-    gdn_planes_single_kernel<<<grid1d(items < cap ? items : cap, "planes_single"), 256, 0, s>>>(k);
-    check_launch("gdn_planes_single_kernel");
-    pr.mark("planes single (fallback pairs)");
-  }
   if (p.num_chunks > 0) {
+    set_smem(gdn_bwd_chunk_kernel, bwd_smem_bytes(), 3);
     // persistent: one block per SM (shared memory allows no second), groups in launch order
     const int64_t slots = bwd_chunk_slots(p);
     const int64_t blocks = slots < sm_count() ? slots : sm_count();
-    if (k.single) {
-      set_smem(gdn_bwd_chunk16_kernel, bwd_smem_bytes(), 10);
-      gdn_bwd_chunk16_kernel<<<grid1d(blocks, "bwd_chunk"), 512, bwd_smem_bytes(), s>>>(k);
-    } else {
-      set_smem(gdn_bwd_chunk_kernel, bwd_smem_bytes(), 3);
-      gdn_bwd_chunk_kernel<<<grid1d(blocks, "bwd_chunk"), 512, bwd_smem_bytes(), s>>>(k);
-    }
+    gdn_bwd_chunk_kernel<<<grid1d(blocks, "bwd_chunk"), 512, bwd_smem_bytes(), s>>>(k);
     check_launch("gdn_bwd_chunk_kernel");
     pr.mark("bwd_chunk");
   }

@@ -65,7 +65,7 @@ constexpr int kDdOff = kRedistF;  // (floats; above the two slice buffers too)
 static_assert(kSliceEl <= kDdOff, "slice buffers below the dDelta planes");
 constexpr int kUnionA = kDdOff + kDdEl / 2;
 constexpr int kUnion = (kUnionA > kPostF) ? kUnionA : kPostF;
-constexpr int kBwdSmemF = kQkF + C * C + kUnion + 31 * C + 8 + NVS * kPmaxW;
+constexpr int kBwdSmemF = kQkF + C * C + kUnion + 31 * C + 8;
 
 // wgmma operands with the 128-byte swizzle start on 1024-byte boundaries (the q/k tiles, T planes,
 // XpA, XpB, dW and dT planes); the 64-byte-swizzled slice planes on 512-byte ones.
@@ -106,10 +106,7 @@ constexpr uint32_t kT128 = 64 * 64 * 2;  // bytes of one [64][64] bf16 plane (th
 // One (chunk, value head) item of gdn_bwd_chunk_kernel. q/k stay raw bf16 in shared memory (l2norm row scales rsQ/rsK applied
 // outside the products). The V loop (the bulk of the FLOPs) runs on bf16 tensor cores with hi/lo
 // split operands (gdn_mma16.cuh): the state kernels store h, dh, Delta and dDelta already split,
-// so each slice is a plain cp.async copy, issued one slice ahead into the other buffer. SINGLE
-// (v64, gdn_bwd_chunk16_kernel: KParams::single): fp16 operands at power-of-two scales instead,
-// one plane each but Delta's hi/lo pair, half the bytes; dO and v converted by their copying
-// threads; the accumulators rescaled where a slice's scales change, and unscaled after the last. The WY
+// so each slice is a plain cp.async copy, issued one slice ahead into the other buffer. The WY
 // part after the loop multiplies hi/lo planes too (KK^T and QK^T: exact raw bf16 products). On
 // sm_90a its nine products are wgmma as well (wy_mma: warpgroup wc computes the columns its four
 // warps' fragments hold, so every epilogue is the mma.sync form's), reading the q/k tiles and
@@ -119,7 +116,6 @@ constexpr uint32_t kT128 = 64 * 64 * 2;  // bytes of one [64][64] bf16 plane (th
 // gdn_bwd_chunk_kernel) and carries the running sums in its own slot of p.gacc, in fragment order,
 // so each thread reads back only what it wrote itself (no barrier) and the slot stays in L2.
 // After the last value head it applies the l2norm backward and stores dq, dk.
-template <bool SINGLE>
 __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int64_t bid, int j) {
   GDN_PH_START
   __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][DK] (Qk128)
@@ -157,7 +153,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   float* bge = rsQ + C;          // [C] beta e^gamma (per row of the item)
   float* bgk = bge + C;          // [C] beta e^gamma rsK (the dT product's column factors)
   float* gx = bgk + C;           // [C] the fused gate's input x = a + dt_bias per row (v63)
-  float* pms = gx + C;           // [NVS][kPmaxW] (v64, SINGLE) the slices' maxima (pmax)
 
   const int hv = (int)(bid % p.HV);
   const int64_t c = bid / p.HV;
@@ -244,81 +239,35 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // Slice vs into buffer B: three plane pairs of the workspace, dO and v rows (zero beyond L)
   // as 16-byte copies when aligned, plain stores otherwise, all into the swizzled planes; the
   // dDelta pair into dDall. Complete after cp_async_wait + __syncthreads.
-  // (SINGLE: the copying thread's slice maximum of its dO or v rows, for their fp16 scale)
-  float mx_dov = 0.f;
-  const int rb = (tid & 255) >> 2, c8v = (tid & 3) * 8;  // threads < 256: dO, the others: v
-  const bool isdo = tid < 256;
   const auto load_slice = [&](int vs, __nv_bfloat16* B) {
     const int64_t so = slice_planes(c, p.HV, hv, vs, DK), co = slice_planes(c, p.HV, hv, vs, C);
     const uint64_t once = l2_evict_first();  // (the planes are read once)
-    if constexpr (SINGLE) {  // one fp16 plane each: S0, dS_C [128][32], dDelta [64][32]; the Delta pair [2][64][32]
-      const int r = (tid >> 2) & (DK - 1), c8 = (tid & 3) * 8;
-      cp_async16_once(B + wg::sw64(r, c8), p.hs + so + tid * 8, 16, once);
-      cp_async16_once(B + 2 * SPL + wg::sw64(r, c8), p.dhs + so + tid * 8, 16, once);
-      const int rd = (tid >> 2) & (C - 1);
-      cp_async16_once(B + 4 * SPL + (tid >> 8) * CPL + wg::sw64(rd, c8), p.Dl + co + tid * 8, 16, once);
-      if (tid < 256) cp_async16_once(dDall + vs * 2 * CPL + wg::sw64(rd, c8), p.dDl + co + tid * 8, 16, once);
-      mx_dov = pmax_at(p, c, hv, vs)[isdo ? kQdO : kQv];
-    } else {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {  // S0, dS_C: [2][128][32] each
-        const int v = tid + i * kBwdThreads, pl = v >> 9;
-        const int r = (v >> 2) & (DK - 1), c8 = (v & 3) * 8;
-        cp_async16_once(B + pl * SPL + wg::sw64(r, c8), p.hs + so + v * 8, 16, once);
-        cp_async16_once(B + 2 * SPL + pl * SPL + wg::sw64(r, c8), p.dhs + so + v * 8, 16, once);
-      }
-      {  // Delta, dDelta: [2][64][32] each
-        const int v = tid, pl = v >> 8;
-        const int r = (v >> 2) & (C - 1), c8 = (v & 3) * 8;
-        cp_async16_once(B + 4 * SPL + pl * CPL + wg::sw64(r, c8), p.Dl + co + v * 8, 16, once);
-        cp_async16_once(dDall + vs * 2 * CPL + pl * CPL + wg::sw64(r, c8), p.dDl + co + v * 8, 16, once);
-      }
+    for (int i = 0; i < 2; ++i) {  // S0, dS_C: [2][128][32] each
+      const int v = tid + i * kBwdThreads, pl = v >> 9;
+      const int r = (v >> 2) & (DK - 1), c8 = (v & 3) * 8;
+      cp_async16_once(B + pl * SPL + wg::sw64(r, c8), p.hs + so + v * 8, 16, once);
+      cp_async16_once(B + 2 * SPL + pl * SPL + wg::sw64(r, c8), p.dhs + so + v * 8, 16, once);
     }
-    const int v0 = vs * BV, c8 = c8v;
+    {  // Delta, dDelta: [2][64][32] each
+      const int v = tid, pl = v >> 8;
+      const int r = (v >> 2) & (C - 1), c8 = (v & 3) * 8;
+      cp_async16_once(B + 4 * SPL + pl * CPL + wg::sw64(r, c8), p.Dl + co + v * 8, 16, once);
+      cp_async16_once(dDall + vs * 2 * CPL + pl * CPL + wg::sw64(r, c8), p.dDl + co + v * 8, 16, once);
+    }
+    const int v0 = vs * BV;
+    const int rb = (tid & 255) >> 2, c8 = (tid & 3) * 8;  // threads < 256: dO, the others: v
+    const bool isdo = tid < 256;
     const __nv_bfloat16* src = isdo ? bf16_at(p.dO, t0 * p.do_st + (int64_t)hv * p.do_sh + v0)
                                     : bf16_at(p.v, t0 * p.v_st + (int64_t)hv * p.v_sh + v0);
     const int64_t sst = isdo ? p.do_st : p.v_st;
     __nv_bfloat16* d = B + 4 * SPL + 2 * CPL + (isdo ? 0 : CPL) + wg::sw64(rb, c8);
     if (p.vec_do && p.vec_v) {
       cp_async16(d, src + (rb < L ? rb : 0) * sst + c8, rb < L ? 16 : 0);
-    } else if (SINGLE) {  // (fp16 at the slice's scale: the maximum waited for here, a rare path)
-      const float mu = exp2i(plane_exp(mx_dov));
-      for (int j = 0; j < 8; j += 2) {
-        const float x0 = rb < L ? __bfloat162float(src[rb * sst + c8 + j]) : 0.f;
-        const float x1 = rb < L ? __bfloat162float(src[rb * sst + c8 + j + 1]) : 0.f;
-        *reinterpret_cast<uint32_t*>(d + j) = pack_h2(mu * x0, mu * x1);
-      }
     } else {
       const __nv_bfloat16 z = __float2bfloat16_rn(0.f);
       for (int j = 0; j < 8; ++j) d[j] = rb < L ? src[rb * sst + c8 + j] : z;
     }
-  };
-  // (SINGLE) this thread's own copied piece of dO or v rows in buffer B, bf16 -> fp16 at the
-  // slice's scale, after its own cp.async landed and before the barrier (no other thread reads it
-  // before then)
-  const auto convert_dov = [&](__nv_bfloat16* B) {
-    if (!(p.vec_do && p.vec_v)) return;  // (converted when stored)
-    uint4* const q = reinterpret_cast<uint4*>(B + 4 * SPL + 2 * CPL + (isdo ? 0 : CPL) + wg::sw64(rb, c8v));
-    const float mu = exp2i(plane_exp(mx_dov));
-    const uint4 w = *q;
-    const auto cv = [&](uint32_t u) { return pack_h2(mu * __uint_as_float(u << 16), mu * __uint_as_float(u & 0xffff0000u)); };
-    *q = make_uint4(cv(w.x), cv(w.y), cv(w.z), cv(w.w));
-  };
-  // (SINGLE) this thread's piece of slice s's dDelta plane (fp16, scaled) as the bf16 hi/lo pair
-  // that dV multiplies with T's planes (exact: 11 bits in 8 + 8), once every MMA read it
-  const auto split_dd = [&](int s) {
-    const int v = tid & 255;
-    __nv_bfloat16* const d = dDall + s * 2 * CPL + wg::sw64(v >> 2, (v & 3) * 8);
-    const uint4 w = *reinterpret_cast<const uint4*>(d);
-    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-    uint32_t hi[4], lo[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
-      split2(f.x, f.y, hi[i], lo[i]);
-    }
-    *reinterpret_cast<uint4*>(d) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    *reinterpret_cast<uint4*>(d + CPL) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
   };
   load_slice(0, slice_buf);
   {  // T hi/lo planes (for dV = T^T dDelta and the WY part)
@@ -328,7 +277,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       cp_async16(Tpb + pl * C * C + swz<C>(r, c8 * 8), tpg + v * 8, 16);
     }
   }
-  if (SINGLE && tid < NVS * kPmaxW / 4) cp_async16(pms + 4 * tid, pmax_at(p, c, hv, 0) + 4 * tid, 16);
   cp_async_commit();
   // The fused gate's input x = a + dt_bias, read now (v63): the load of a waits under slice 0's
   // copies instead of at the item's end, where nothing hid it (fused config's bwd_chunk 1.170 ->
@@ -341,7 +289,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     // the other buffer (slice vs - 1) is done; then slice vs + 1 loads into it during this one.
     // (The proxy fence comes with nothing in flight: it would wait for a pending copy too.)
     cp_async_wait<0>();
-    if constexpr (SINGLE) convert_dov(slice_buf + (vs & 1) * kSliceEl);
 #if GDN_BWD_WGMMA
     wg::fence_smem();  // (for the wgmma reads of the planes)
 #endif
@@ -383,39 +330,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         for (int k0 = 0; k0 < BV; k0 += 16) one_step((k0 / 16) * wg::kKStep);
         wg::commit();
       };
-      if constexpr (SINGLE) {
-        // v64: fp16 operands, one plane each (S0 at 0, dS_C at 2kP; dO at 2kQ, v at 3kQ from Dlp;
-        // dDelta at 0 from DDp) but Delta's hi/lo pair (0, kQ from Dlp), each at its slice's
-        // power-of-two scale
-        if (wc == 0) {
-          issue([&](uint32_t ks) {
-            const uint64_t ao = wg::desc_add(dA, ks + 2 * kQ);
-            wg::mma_ss_n64<0, false>(vacc, ao, wg::desc_add(dS, ks));
-            wg::mma_ss_n64<8, false>(vacc, ao, wg::desc_add(dS, ks + kHalf));
-          });
-        } else if (wc == 1) {
-          issue([&](uint32_t ks) {
-            const uint64_t aDh = wg::desc_add(dA, ks), aDl = wg::desc_add(dA, ks + kQ);
-            wg::mma_ss_n64<0, false>(vacc, aDl, wg::desc_add(dS, ks + 2 * kP));
-            wg::mma_ss_n64<8, false>(vacc, aDl, wg::desc_add(dS, ks + 2 * kP + kHalf));
-            wg::mma_ss_n64<0, false>(vacc, aDh, wg::desc_add(dS, ks + 2 * kP));
-            wg::mma_ss_n64<8, false>(vacc, aDh, wg::desc_add(dS, ks + 2 * kP + kHalf));
-          });
-        } else if (wc == 2) {
-          issue([&](uint32_t ks) {
-            const uint64_t ad = wg::desc_add(dE, ks);
-            wg::mma_ss_n64<0, false>(vacc, ad, wg::desc_add(dS, ks));
-            wg::mma_ss_n64<8, false>(vacc, ad, wg::desc_add(dS, ks + kHalf));
-          });
-        } else {
-          issue([&](uint32_t ks) {
-            const uint64_t ao = wg::desc_add(dA, ks + 2 * kQ), ad = wg::desc_add(dE, ks);
-            wg::mma_ss_n64<0, false>(vacc, ao, wg::desc_add(dA, ks + kQ));
-            wg::mma_ss_n64<0, false>(vacc, ao, wg::desc_add(dA, ks));
-            wg::mma_ss_n64<8, false>(vacc, ad, wg::desc_add(dA, ks + 3 * kQ));
-          });
-        }
-      } else if (wc == 0) {
+      if (wc == 0) {
         issue([&](uint32_t ks) {
           const uint64_t ao = wg::desc_add(dA, ks + 2 * kQ);
           wg::mma_ss_n64<0>(vacc, ao, wg::desc_add(dS, ks + kP));
@@ -504,21 +419,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     }
 #endif
     GDN_PH(3);
-    if constexpr (SINGLE) {  // <S0, dS_C> of the slice from the single planes, unscaled
-      const int off = 8 * tid;
-      const uint4 a4 = *reinterpret_cast<const uint4*>(S0p + off), b4 = *reinterpret_cast<const uint4*>(dSp + off);
-      const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w}, b[4] = {b4.x, b4.y, b4.z, b4.w};
-      float f = 0.f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&a[i]));
-        const float2 y = __half22float2(*reinterpret_cast<const __half2*>(&b[i]));
-        f += x.x * y.x + x.y * y.y;
-      }
-      float f1, f2;
-      exp2_split(-(plane_exp(pms[vs * kPmaxW + kQS]) + plane_exp(pms[vs * kPmaxW + kQdS])), f1, f2);
-      frob += f * f1 * f2;
-    } else {  // <S0, dS_C> of the slice, from the planes (hi + lo; the same layout in all four): eight
+    {  // <S0, dS_C> of the slice, from the planes (hi + lo; the same layout in all four): eight
        // elements per thread, one 16-byte load per plane
       const int off = 8 * tid;
       static_assert(8 * kBwdThreads == SPL, "one 16-byte piece per thread and plane");
@@ -561,30 +462,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #if GDN_BWD_WGMMA
     wg::wait<0>();  // (the last k16 step's MMAs ran alongside the <S0, dS_C> sum)
     wg::pin(vacc);
-    if constexpr (SINGLE) {
-      // v64: the accumulators from slice vs's scale to slice vs + 1's (after the last: unscaled).
-      // Product scales: dQ dO.S0, dKs Delta.dS, dW dDelta.S0; warpgroup 3: PD dO.Delta (tiles
-      // 0-7), dT dDelta.v (8-15)
-      const int qa0 = wc == 0 ? kQdO : wc == 1 ? kQD : wc == 2 ? kQdD : kQdO;
-      const int qb0 = wc == 0 ? kQS : wc == 1 ? kQdS : wc == 2 ? kQS : kQD;
-      const int qa1 = wc == 3 ? kQdD : qa0, qb1 = wc == 3 ? kQv : qb0;
-      const auto E = [&](int s, int qa, int qb) {
-        return s < NVS ? plane_exp(pms[s * kPmaxW + qa]) + plane_exp(pms[s * kPmaxW + qb]) : 0;
-      };
-      // (the passes scale per 64-wide block: within a block d = 0 and nothing is multiplied; one
-      // factor while |d| <= 126, two beyond; warp-uniform branches)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int d = hh ? E(vs + 1, qa1, qb1) - E(vs, qa1, qb1) : E(vs + 1, qa0, qb0) - E(vs, qa0, qb0);
-        if (d == 0) continue;
-        float f1 = exp2i(d < -126 ? -126 : d > 126 ? 126 : d), f2 = 1.f;
-        if (d < -126 || d > 126) exp2_split(d, f1, f2);
-#pragma unroll
-        for (int n = 8 * hh; n < 8 * hh + 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) vacc[n][e] = vacc[n][e] * f1 * f2;
-      }
-    }
 #endif
     GDN_PH(4);
   }
@@ -599,11 +476,9 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // on mma.sync, 96 KB of ldmatrix per slice): warpgroup wc the 32 of slice wc, A = T^T (the T
   // planes MN-major), B = the slice's dDelta planes (MN-major, 64-byte swizzle), hi/lo x hi/lo in
   // three products; it runs under the redistribution below (which stays below kDdOff).
-  // (SINGLE: the dDelta planes are fp16 in the loop, the last slice's split to bf16 hi/lo only
-  // after the barrier below, so dV is issued after the redistribution's stores instead)
   float aV[4][4];
   zero_acc(aV);
-  const auto issue_dv = [&] {
+  {
     constexpr uint32_t kTlo = C * C * 2, kDlo = 2 * CPL;  // bytes to the lo plane of T, of dDelta
     const uint64_t a = wg::mn128(Tpb, 0), b = wg::desc64_mn(dDall + wc * 2 * CPL);
     wg::fence();
@@ -615,8 +490,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       wg::mma_ss<1, 1>(aV, ak, bk);
     }
     wg::commit();
-  };
-  if constexpr (!SINGLE) issue_dv();
+  }
   // The products to the fragments of the mma.sync form: warpgroup g's 16 n8 tiles of product g
   // through shared memory as [g][tile][wr][lane] float4 (the same rows wr, gq in both layouts:
   // only columns change warpgroup), then warp (wr, wc) takes tiles 4wc.. of dQ, dKs, dW and
@@ -630,13 +504,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #pragma unroll
     for (int n = 0; n < 16; ++n)
       if (!kept(n)) R[(wc * 16 + n) * 128] = make_float4(vacc[n][0], vacc[n][1], vacc[n][2], vacc[n][3]);
-    if constexpr (SINGLE) {  // every slice's dDelta plane split for dV (each thread two pieces)
-      split_dd(tid >> 8);
-      split_dd(2 + (tid >> 8));
-      wg::fence_smem();
-    }
     __syncthreads();
-    if constexpr (SINGLE) issue_dv();
     const auto take = [&](float (&a)[4], int g, int tile, bool own, const float (&mine)[4]) {
       if (own) {
         a[0] = mine[0]; a[1] = mine[1]; a[2] = mine[2]; a[3] = mine[3];
@@ -660,10 +528,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   GDN_PH(0);  // (phase clocks: dV issue and the redistribution in 0, dV's wait and store, dbeta in 1)
   wg::wait<0>();
   wg::pin(aV);
-  {
-    const float inv = SINGLE ? exp2i(-plane_exp(pms[wc * kPmaxW + kQdD])) : 1.f;  // (slice wc's dDelta scale)
-    for_frag(aV, [&](int r, int, float& x) { x *= bet[16 * wr + r] * inv; });
-  }
+  for_frag(aV, [&](int r, int, float& x) { x *= bet[16 * wr + r]; });
   store_grad_rows(p.dv, p.gdt, t0 * p.dv_st + (int64_t)hv * p.dv_sh, p.dv_st, aV, 16 * wr, 32 * wc, L, p.pair_dv);
 #endif
   // dbeta_b (before the sigmoid) = sum_v (T^T dDelta)_bv v_bv = sum_a T_ab (dDelta v^T)_ab: the
@@ -1180,73 +1045,14 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 // Persistent: one block per SM walks the groups (chunk, key head) in launch order, each group's
 // value heads in order (measured 0.025 ms faster than one block per item at 1x8192; an L2
 // prefetch of the next item's first slices during the WY part gained nothing on top).
-template <bool SINGLE>
-__device__ __forceinline__ void bwd_chunk_body(const KParams& p) {
+__global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
   extern __shared__ __align__(1024) float sm[];
   const int64_t groups = p.NT * p.H;
   for (int64_t gi = blockIdx.x; gi < groups; gi += gridDim.x) {
     const int64_t first = (gi / p.H) * p.HV + (gi % p.H) * p.G;  // item (chunk, value head G h)
     for (int j = 0; j < p.G; ++j) {
-      bwd_chunk_item<SINGLE>(p, sm, first + j, j);
+      bwd_chunk_item(p, sm, first + j, j);
       __syncthreads();  // the next item reuses the shared memory
-    }
-  }
-}
-
-__global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) { bwd_chunk_body<false>(p); }
-// v64: on the single fp16 planes (KParams::single)
-__global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk16_kernel(KParams p) {
-#if GDN_SINGLE_PLANES
-  bwd_chunk_body<true>(p);
-#else
-  __trap();  // (launched only where the passes export single planes: gdn_backward)
-#endif
-}
-
-// v64: the fast backward's fallback pairs (run_if: the (sequence, value head)s whose fp16 operands
-// of prep were out of range). The bf16x2 passes redid them as hi/lo planes; this turns those into
-// the single fp16 planes at their slices' scales, and their maxima, that gdn_bwd_chunk_kernel<true>
-// reads. (dO's and v's maxima stay the fast passes': they come from the raw inputs.) Each thread
-// rewrites in place only the elements it read itself. A small grid walks all slices and returns
-// at once where nothing fell back.
-__global__ void __launch_bounds__(256) gdn_planes_single_kernel(KParams p) {
-  __shared__ float red[8];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (!p.run_if[p.N * p.HV]) return;  // (one past the pairs: 1 if any fell back)
-  const int64_t items = p.NT * p.HV * NVS;
-  for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
-    const int vs = (int)(it % NVS), hv = (int)((it / NVS) % p.HV);
-    const int64_t c = it / ((int64_t)NVS * p.HV);
-    if (!p.run_if[(int64_t)p.ctab[2 * c] * p.HV + hv]) continue;  // (uniform in the block)
-#pragma unroll 1
-    for (int q = 0; q < 4; ++q) {  // kQS, kQdS, kQD, kQdD
-      const int rows = q < 2 ? DK : C, nel = rows * BV;
-      __nv_bfloat16* const base = (q == 0 ? p.hs : q == 1 ? p.dhs : q == 2 ? p.Dl : p.dDl) + slice_planes(c, p.HV, hv, vs, rows);
-      float x[DK * BV / 256];
-      AbsMax m;
-#pragma unroll
-      for (int i = 0; i < DK * BV / 256; ++i) {
-        const int e = tid + 256 * i;
-        x[i] = e < nel ? __bfloat162float(base[e]) + __bfloat162float(base[nel + e]) : 0.f;
-        m.add(x[i]);
-      }
-      const float wm = m.warp_max();
-      if (lane == 0) red[warp] = wm;
-      __syncthreads();
-      AbsMax b;
-#pragma unroll
-      for (int w = 0; w < 8; ++w) b.add(red[w]);
-      __syncthreads();  // (red is reused)
-      const float mu = exp2i(plane_exp(b.m));
-#pragma unroll
-      for (int i = 0; i < DK * BV / 256; ++i) {
-        const int e = tid + 256 * i;
-        if (e >= nel) continue;
-        const __half h = __float2half_rn(mu * x[i]);
-        reinterpret_cast<__half*>(base)[e] = h;
-        if (q == kQD) reinterpret_cast<__half*>(base)[nel + e] = __float2half_rn(mu * x[i] - __half2float(h));  // (Delta: the pair)
-      }
-      if (tid == 0) pmax_at(p, c, hv, vs)[q] = b.m;
     }
   }
 }

@@ -47,14 +47,6 @@ struct KParams {
   // [NT,HV,NVS,2,rows,BV] so that bwd_chunk copies them into shared memory with cp.async
   __nv_bfloat16* hs; __nv_bfloat16* dhs;  // rows = K: S entering / dS leaving each chunk
   __nv_bfloat16* Dl; __nv_bfloat16* dDl;  // rows = C: Delta, dDelta (rows >= L zero)
-  // single != 0 (v64, the fast backward where gdn_rec16t_kernel runs): fp16 planes instead,
-  // one for S, dS and dDelta (the first of the pair), an fp16 hi/lo pair for Delta, the values
-  // times 2^e for the e that plane_exp gives their largest magnitude (over the pass's 64-wide
-  // block, so both of its slices agree; per slice for the fallback pairs), kept in pmax:
-  // [NT,HV,NVS,8] floats, the maxima of S, dS, Delta, dDelta, dO and v (bwd_chunk scales dO
-  // and v itself)
-  int single;
-  float* pmax;
   float* gacc;               // [bwd_chunk blocks][2][C*K]: each block's running dq, dk sums over
                              // a key head's value-head group (fragment order, see bwd_chunk_item),
                              // then [blocks][2][C*C]: its group's K K^T and Q K^T fragments
@@ -77,35 +69,6 @@ struct KParams {
   int pair_o;   // o rows may be written as bf16 pairs (4 bytes)
   int vec_o;    // o rows may be written as 16-byte pieces (pointer and strides aligned)
 };
-
-// v64's single fp16 planes (KParams::single): where the register-state recompute runs, both passes
-// export single planes and bwd_chunk multiplies fp16 (host: gdn_backward; -DQRUN_GDN_HILO_PLANES:
-// the hi/lo bf16 planes everywhere, to compare).
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(QRUN_GDN_NO_WGMMA) && !defined(QRUN_GDN_NO_DH_WGMMA) && \
-    !defined(QRUN_GDN_NO_REC_T) && !defined(QRUN_GDN_HILO_PLANES)
-#define GDN_SINGLE_PLANES 1
-#else
-#define GDN_SINGLE_PLANES 0
-#endif
-enum PlaneQ { kQS = 0, kQdS = 1, kQD = 2, kQdD = 3, kQdO = 4, kQv = 5 };  // pmax's quantities
-constexpr int kPmaxW = 8;  // floats per slice in pmax
-// The exponent e that brings a slice's largest magnitude m into [2^14, 2^15) (2^e m), clamped to
-// [-62, 62] so that the sum of two (a product's scale) and half a difference of two such sums stay
-// normal floats (m = 0: 62; NaN and inf stay so). Power-of-two scales commute with rounding.
-__device__ __forceinline__ int plane_exp(float m) {
-  const int e = 141 - (int)((__float_as_uint(m) >> 23) & 0xffu);
-  return e < -62 ? -62 : e > 62 ? 62 : e;
-}
-__device__ __forceinline__ float exp2i(int e) { return __uint_as_float((uint32_t)(e + 127) << 23); }  // |e| <= 126
-// x 2^d for |d| <= 248 (the quotient of two products' scales) as two exact factors, each normal,
-// the intermediate between x and the result (no overflow or underflow that the result avoids)
-__device__ __forceinline__ void exp2_split(int d, float& f1, float& f2) {
-  f1 = exp2i(d / 2);
-  f2 = exp2i(d - d / 2);
-}
-__device__ __forceinline__ float* pmax_at(const KParams& p, int64_t c, int hv, int vs) {
-  return p.pmax + ((c * p.HV + hv) * NVS + vs) * kPmaxW;
-}
 
 __device__ __forceinline__ const __nv_bfloat16* bf16_at(const void* p, int64_t off) {
   return static_cast<const __nv_bfloat16*>(p) + off;

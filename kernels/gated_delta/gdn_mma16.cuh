@@ -118,16 +118,6 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t&
   lo = *reinterpret_cast<uint32_t*>(&l);
 }
 
-// The fp16 hi/lo split of (x, y) (hi = fp16(x), lo = fp16(x - hi): 22 bits where x is scaled to
-// fp16's range; v64's Delta planes)
-__device__ __forceinline__ void split2h(float x, float y, uint32_t& hi, uint32_t& lo) {
-  const __half2 h = __floats2half2_rn(x, y);
-  const float2 hf = __half22float2(h);
-  const __half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = *reinterpret_cast<const uint32_t*>(&l);
-}
-
 // ---- fragment addresses (element offsets into a bf16 plane) for lane l ----
 // The row address lane l gives an ldmatrix.x4, as (row, column) of the stored matrix, for each
 // fragment kind; el(row, column) is the plane layout's element offset (row-major, swizzled, ...),

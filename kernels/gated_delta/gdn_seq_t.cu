@@ -424,14 +424,9 @@ __device__ __forceinline__ int stage_off(int plane, int r, int half) {
 // columns cw..cw+15 of the 32-wide slice. 32 rows at a time go through the warp's staging area
 // (transposed by stmatrix) and leave as 16-byte pieces, two per 32-byte sector: 4-byte fragment
 // stores straight to global memory cost 0.45 ms at 1x8192 (measured in session 15).
-// (split: how a pair of values becomes its hi and lo words; split2 = the bf16 hi/lo split; v64's
-// Delta takes split2h, the fp16 hi/lo split at the slice's scale)
-struct Split2 {
-  __device__ __forceinline__ void operator()(float x, float y, uint32_t& hi, uint32_t& lo) const { split2(x, y, hi, lo); }
-};
-template <int NN, class Split = Split2>
+template <int NN>
 __device__ __forceinline__ void store_planes_t(__nv_bfloat16* dst, const float (&a)[NN][4], int cw, int lane,
-                                               __nv_bfloat16* stage, Split split = {}) {
+                                               __nv_bfloat16* stage) {
   static_assert(NN % 4 == 0, "32-row rounds");
   constexpr int rows = 8 * NN;
   const int m = lane >> 3, c = lane & 7;  // this lane's stmatrix row address: matrix m, row c
@@ -441,8 +436,8 @@ __device__ __forceinline__ void store_planes_t(__nv_bfloat16* dst, const float (
     for (int q = 0; q < 4; ++q) {
       const int nn = 4 * rd + q;
       uint32_t hi0, lo0, hi1, lo1;
-      split(a[nn][0], a[nn][1], hi0, lo0);  // rows j = gq (columns i = 8 nn + 2 tq, +1)
-      split(a[nn][2], a[nn][3], hi1, lo1);  // rows j = gq + 8
+      split2(a[nn][0], a[nn][1], hi0, lo0);  // rows j = gq (columns i = 8 nn + 2 tq, +1)
+      split2(a[nn][2], a[nn][3], hi1, lo1);  // rows j = gq + 8
       // matrices: (hi, j 0-7), (hi, j 8-15), (lo, j 0-7), (lo, j 8-15); stored rows i = 8q + c
       stsm_x4_t(stage + stage_off(m >> 1, 8 * q + c, m & 1), hi0, hi1, lo0, lo1);
     }
@@ -455,49 +450,6 @@ __device__ __forceinline__ void store_planes_t(__nv_bfloat16* dst, const float (
     }
     __syncwarp();
   }
-}
-
-// v64: the same tile as one fp16 plane of 2^e M (KParams::single; the slice's exponent e from
-// plane_exp), in the first plane's place of the pair: 16 rows of stmatrix per x4 (two n8 tiles),
-// half the bytes.
-template <int NN>
-__device__ __forceinline__ void store_plane16_t(__nv_bfloat16* dst, const float (&a)[NN][4], float mu, int cw,
-                                                int lane, __nv_bfloat16* stage) {
-  static_assert(NN % 4 == 0, "32-row rounds");
-  const int m = lane >> 3, c = lane & 7;
-#pragma unroll
-  for (int rd = 0; rd < NN / 4; ++rd) {
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int n0 = 4 * rd + 2 * u;  // matrices: (tile n0, j 0-7), (n0, j 8-15), (n0 + 1, j 0-7), (n0 + 1, j 8-15)
-      stsm_x4_t(stage + stage_off(0, 8 * (2 * u + (m >> 1)) + c, m & 1), pack_h2(mu * a[n0][0], mu * a[n0][1]),
-                pack_h2(mu * a[n0][2], mu * a[n0][3]), pack_h2(mu * a[n0 + 1][0], mu * a[n0 + 1][1]),
-                pack_h2(mu * a[n0 + 1][2], mu * a[n0 + 1][3]));
-    }
-    __syncwarp();
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      const int pc = lane + 32 * t, r = pc >> 1, half = pc & 1;
-      *reinterpret_cast<uint4*>(dst + (32 * rd + r) * BV + cw + 8 * half) =
-          *reinterpret_cast<const uint4*>(stage + stage_off(0, r, half));
-    }
-    __syncwarp();
-  }
-}
-// v64: the maxima of the block's 64 columns (both its slices share the scale, so that bwd_chunk
-// rescales its accumulators once between the two blocks' slices): every compute warp puts its own
-// NQ maxima in xm (lane 0), the four meet at named barrier 1 (not the step's barrier 0, which the
-// producers join), and each takes the largest.
-constexpr size_t kXmBytes = 2 * 16 * sizeof(float);  // two exchange areas (xm) of block_max
-template <int NQ>
-__device__ __forceinline__ void block_max(float (&m)[NQ], float* xm, int warp, int lane) {
-  static_assert(kTW == 4, "four compute warps");
-  if (lane == 0)
-#pragma unroll
-    for (int q = 0; q < NQ; ++q) xm[4 * warp + q] = m[q];
-  asm volatile("barrier.sync 1, %0;\n" ::"n"(kTThreads) : "memory");
-#pragma unroll
-  for (int q = 0; q < NQ; ++q) m[q] = fmaxf(fmaxf(xm[q], xm[4 + q]), fmaxf(xm[8 + q], xm[12 + q]));
 }
 
 // Power-of-two scale mu (and 1/mu) that brings a largest magnitude m into [2^14, 2^15): the
@@ -896,7 +848,6 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
   }
   if (!kDhProducers) first_copies();
   __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * buf_bytes(kDh)) + warp * kStageEl;
-  float* const xm = reinterpret_cast<float*>(smraw + 2 * buf_bytes(kDh) + kTW * kStageEl * 2);  // (v64: block_max)
   const int64_t KV = (int64_t)DK * DV;
   int vsl, cw;
   bwd_slice(v0, j0, vsl, cw);
@@ -920,15 +871,13 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
     // Y^T = dO^T P (A = mu_O dO^T). On wgmma they run as one group (v40), and the dS planes leaving
     // chunk c are stored later, under the T product (v61c).
     Pow2 sS;
-    float mx[3];  // (v64) the warp's maxima of dS, dDelta, dO: the single planes' slice scales
     {
       AbsMax m;
 #pragma unroll
       for (int nn = 0; nn < 16; ++nn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) m.add(st[nn][e]);
-      mx[0] = m.warp_max();
-      sS = pow2_scale(mx[0]);
+      sS = pow2_scale(m.warp_max());
     }
     // dO^T: transposed ldmatrix gives its A fragments as bf16 pairs (rows j, k = chunk rows r)
     uint32_t va[4][4];
@@ -947,8 +896,7 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
       const uint32_t w = va[nn >> 1][2 * (nn & 1) + (e >> 1)];
       return (e & 1) ? bf_hi(w) : bf_lo(w);
     };
-    mx[2] = mO.warp_max();
-    const Pow2 sO = pow2_scale(mx[2]);
+    const Pow2 sO = pow2_scale(mO.warp_max());
     float x[8][4], y[8][4];
     zero_acc(x);
     zero_acc(y);
@@ -1012,8 +960,7 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
         mD.add(x[nn][e]);
       }
     }
-    mx[1] = mD.warp_max();
-    const Pow2 sD = pow2_scale(mx[1]);
+    const Pow2 sD = pow2_scale(mD.warp_max());
     uint32_t da[4][4];
     pack_a16(da, x, [&](int, int, float v) { return sD.mu * v; });
     GDN_PH(11);
@@ -1027,25 +974,11 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
     wg::fence();
     mma_lower_kn_wg(y, da, b.T);
     wg::commit();
-#if GDN_SINGLE_PLANES
-    // v64: single fp16 planes of dDelta and dS at the block's scales (the four warps' maxima
-    // meet here, under the T product), the maxima of dS, dDelta, dO kept for bwd_chunk
-    block_max(mx, xm, warp, lane);
-    if ((warp & 1) == 0 && lane == 0) {
-      float* const pm = pmax_at(p, c, hv, vsl);
-      pm[kQdS] = mx[0];
-      pm[kQdD] = mx[1];
-      pm[kQdO] = mx[2];
-    }
-    store_plane16_t<8>(dDl_c, x, exp2i(plane_exp(mx[1])), cw, lane, stage);
-    store_plane16_t<16>(dhs_c, st, exp2i(plane_exp(mx[0])), cw, lane, stage);
-#else
     store_planes_t<8>(dDl_c, x, cw, lane, stage);
     // the dS planes leaving chunk c too (v61c: 253 registers, no spills; backward 2.123 -> 2.113
     // ms at 1x8192, 1.910 -> 1.895 at 4x2048 over three paired rounds. Under the X/Y group
     // instead, v61a, it spilled 400 B: x, y, a and oa are all live there)
     store_planes_t<16>(dhs_c, st, cw, lane, stage);
-#endif
     wg::wait<0>();
     wg::pin(y);
 #else
@@ -1204,7 +1137,6 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
     return;
   }
   __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * kRecBuf) + warp * kStageEl;
-  float* const xm = reinterpret_cast<float*>(smraw + 2 * kRecBuf + kTW * kStageEl * 2);  // (v64: block_max)
   const int64_t KV = (int64_t)DK * DV;
   int vsl, cw;
   bwd_slice(v0, j0, vsl, cw);
@@ -1221,21 +1153,7 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
     }
     step_barrier<kRecProducers>();  // chunk c's operands landed; everyone is done with chunk c-1's buffer
     if (!kRecProducers) load(c + 1, tid);
-#if GDN_SINGLE_PLANES
-    {  // v64: S entering c as a single fp16 plane at the block's scale
-      AbsMax m;
-#pragma unroll
-      for (int nn = 0; nn < 16; ++nn)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) m.add(st[nn][e]);
-      float mx[1] = {m.warp_max()};
-      block_max(mx, xm, warp, lane);
-      if ((warp & 1) == 0 && lane == 0) pmax_at(p, c, hv, vsl)[kQS] = mx[0];
-      store_plane16_t<16>(p.hs + slice_planes(c, p.HV, hv, vsl, DK), st, exp2i(plane_exp(mx[0])), cw, lane, stage);
-    }
-#else
     store_planes_t<16>(p.hs + slice_planes(c, p.HV, hv, vsl, DK), st, cw, lane, stage);  // S entering c
-#endif
     // X^T = S^T K^T: A = S^T's hi and lo fragments (k-block kk: n8 tiles 2kk, 2kk+1 of the state)
     float x[8][4];
     zero_acc(x);
@@ -1297,39 +1215,7 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
     mma_rows_kn_wg<true>(st, pl, b.K);
     mma_rows_kn_wg<true>(st, ph, b.K);
     wg::commit();
-#if GDN_SINGLE_PLANES
-    {  // v64: Delta as an fp16 hi/lo pair at the block's scale (22 bits: as a single plane, the
-       // gate parameters' gradients lost 4x of their precision and one case of the grid failed,
-       // docs/PERF.md); the block's maxima of Delta and v
-      AbsMax m, mv;
-#pragma unroll
-      for (int nn = 0; nn < 8; ++nn)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) m.add(d[nn][e]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // the warp's 16 columns of v: rows 2 lane, +1, 8 columns a piece
-        const uint4 w = *reinterpret_cast<const uint4*>(b.V + (2 * lane + (i >> 1)) * kTLD + j0 + 8 * (i & 1));
-        const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          mv.add(bf_lo(u[k]));
-          mv.add(bf_hi(u[k]));
-        }
-      }
-      float mx[2] = {m.warp_max(), mv.warp_max()};
-      block_max(mx, xm + 16, warp, lane);
-      if ((warp & 1) == 0 && lane == 0) {
-        float* const pm = pmax_at(p, c, hv, vsl);
-        pm[kQD] = mx[0];
-        pm[kQv] = mx[1];
-      }
-      const float mu = exp2i(plane_exp(mx[0]));
-      store_planes_t<8>(p.Dl + slice_planes(c, p.HV, hv, vsl, C), d, cw, lane, stage,
-                        [mu](float x, float y, uint32_t& hi, uint32_t& lo) { split2h(mu * x, mu * y, hi, lo); });
-    }
-#else
     store_planes_t<8>(p.Dl + slice_planes(c, p.HV, hv, vsl, C), d, cw, lane, stage);
-#endif
     wg::wait<0>();
     wg::pin(st);
   }
@@ -1338,7 +1224,7 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
   __trap();  // (launched only where rec16t_runs(): gdn_backward)
 #endif
 }
-size_t rec16t_smem_bytes() { return 2 * kRecBuf + (size_t)kTW * kStageEl * 2 + kXmBytes + 1024; }
+size_t rec16t_smem_bytes() { return 2 * kRecBuf + (size_t)kTW * kStageEl * 2 + 1024; }
 int rec16t_threads() { return kRecThreads; }
 // Whether the current device's image has gdn_rec16t_kernel's body (wgmma): the device pass's value
 // of gdn_rec16t_built. -DQRUN_GDN_NO_REC_T: never, so that the bf16x2 gdn_state_kernel recomputes
@@ -1360,7 +1246,7 @@ int dh16t_threads() { return kDhThreads; }
 // bytes of dynamic shared memory of gdn_dh16t_kernel: two operand buffers, the four compute warps'
 // staging areas
 size_t dh16t_smem_bytes() {
-  return 2 * buf_bytes(kDh) + (size_t)kTW * kStageEl * 2 + kXmBytes + (GDN_DH_LAYOUT ? 1024 : 0);
+  return 2 * buf_bytes(kDh) + (size_t)kTW * kStageEl * 2 + (GDN_DH_LAYOUT ? 1024 : 0);
 }
 
 }  // namespace qrun::gdn::detail

@@ -120,23 +120,18 @@ __device__ __forceinline__ void mma_ss(float (&d)[4][4], uint64_t da, uint64_t d
 // loop: one product per warpgroup, at full width in two halves; m64n128 there made ptxas
 // serialise the MMAs for want of registers, C7511).
 #define GDN_WG_D(i) "+f"(d[O + i][0]), "+f"(d[O + i][1]), "+f"(d[O + i][2]), "+f"(d[O + i][3])
-// (BF = false: fp16 x fp16, the V loop on v64's single planes)
-#define GDN_WG_SS_N64(TY)                                                                                        \
-  asm volatile(                                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                              \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY " "                                                       \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                                   \
-      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                       \
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"                                                                            \
-      : GDN_WG_D(0), GDN_WG_D(1), GDN_WG_D(2), GDN_WG_D(3), GDN_WG_D(4), GDN_WG_D(5), GDN_WG_D(6), GDN_WG_D(7) \
-      : "l"(da), "l"(db), "r"(1))
-template <int O, bool BF = true, int NTOT>
+template <int O, int NTOT>
 __device__ __forceinline__ void mma_ss_n64(float (&d)[NTOT][4], uint64_t da, uint64_t db) {
   static_assert(O >= 0 && O + 8 <= NTOT, "accumulator tiles");
-  if constexpr (BF) GDN_WG_SS_N64("bf16.bf16");
-  else GDN_WG_SS_N64("f16.f16");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : GDN_WG_D(0), GDN_WG_D(1), GDN_WG_D(2), GDN_WG_D(3), GDN_WG_D(4), GDN_WG_D(5), GDN_WG_D(6), GDN_WG_D(7)
+      : "l"(da), "l"(db), "r"(1));
 }
-#undef GDN_WG_SS_N64
 #undef GDN_WG_D
 #endif
 

@@ -73,20 +73,13 @@ __global__ void wg_product(const float* A, const float* B, float* D, int* ran) {
 #endif
 }
 
-// The V loop's form: D[64][128] per warpgroup (warpgroup g writes its copy at D + g * 64 * 128);
-// BF = false: fp16 operands (v64's single planes)
-template <bool BF>
+// The V loop's form: D[64][128] per warpgroup (warpgroup g writes its copy at D + g * 64 * 128)
 __global__ void wg_product_halves(const float* A, const float* B, float* D, int* ran) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int R = 128;
   __shared__ __align__(1024) __nv_bfloat16 As[M * KD], Bs[R * KD];
-  const auto cv = [](float x) {
-    if (BF) return __float2bfloat16(x);
-    const __half h = __float2half(x);
-    return *reinterpret_cast<const __nv_bfloat16*>(&h);  // (fp16 bits in the bf16-typed planes, as the kernel keeps them)
-  };
-  for (int i = threadIdx.x; i < M * KD; i += blockDim.x) As[wg::sw64(i / KD, i % KD)] = cv(A[i]);
-  for (int i = threadIdx.x; i < R * KD; i += blockDim.x) Bs[wg::sw64(i / KD, i % KD)] = cv(B[i]);
+  for (int i = threadIdx.x; i < M * KD; i += blockDim.x) As[wg::sw64(i / KD, i % KD)] = __float2bfloat16(A[i]);
+  for (int i = threadIdx.x; i < R * KD; i += blockDim.x) Bs[wg::sw64(i / KD, i % KD)] = __float2bfloat16(B[i]);
   wg::fence_smem();
   __syncthreads();
   float d[16][4] = {};
@@ -94,8 +87,8 @@ __global__ void wg_product_halves(const float* A, const float* B, float* D, int*
   wg::fence();
 #pragma unroll
   for (int k = 0; k < KD / 16; ++k) {
-    wg::mma_ss_n64<0, BF>(d, wg::desc_add(da, k * wg::kKStep), wg::desc_add(db, k * wg::kKStep));
-    wg::mma_ss_n64<8, BF>(d, wg::desc_add(da, k * wg::kKStep), wg::desc_add(db, k * wg::kKStep + 64 * 64));
+    wg::mma_ss_n64<0>(d, wg::desc_add(da, k * wg::kKStep), wg::desc_add(db, k * wg::kKStep));
+    wg::mma_ss_n64<8>(d, wg::desc_add(da, k * wg::kKStep), wg::desc_add(db, k * wg::kKStep + 64 * 64));
   }
   finish(d, D + (threadIdx.x >> 7) * M * R, R, ran, 0);
 #endif
@@ -318,12 +311,10 @@ bool run_case(std::mt19937& rng) {
                          label);
 }
 
-template <bool BF>
 bool run_halves_case(std::mt19937& rng) {
   const Operands o = random_case(rng, M, 128, KD, true, 4);
-  return run_and_compare(o.a, o.b, o.ref, [](float* dA, float* dB, float* dD, int* ran) { wg_product_halves<BF><<<1, 512>>>(dA, dB, dD, ran); },
-                         BF ? "m64n64 x 2 halves, B plane of 128 rows, every warpgroup at full width (the V loop)"
-                            : "the same in fp16 (the V loop on single planes, v64)");
+  return run_and_compare(o.a, o.b, o.ref, [](float* dA, float* dB, float* dD, int* ran) { wg_product_halves<<<1, 512>>>(dA, dB, dD, ran); },
+                         "m64n64 x 2 halves, B plane of 128 rows, every warpgroup at full width (the V loop)");
 }
 
 bool run_dv_case(std::mt19937& rng) {
@@ -362,8 +353,7 @@ int main() {
     // the wrappers at the WY part's widths on [128][32] and [64][32] planes; the V loop's form
     ok &= run_case<4, 128>(rng);
     ok &= run_case<2, 64>(rng);
-    ok &= run_halves_case<true>(rng);
-    ok &= run_halves_case<false>(rng);
+    ok &= run_halves_case(rng);
     ok &= run_forward_case<false>(rng);
     ok &= run_forward_case<true>(rng);
     ok &= run_wy_case<2, 0, 0, 128, 64>(rng, "K K^T, Q K^T, dW K^T, dT T^T");
