@@ -13,9 +13,10 @@ Runs the backward the way the kernels decompose it -- the h recompute and the re
   fp16g / fp16x2g: one scale per 16-column group (a warp's tile in the register-state kernels)
   ops: per V-loop operand ('S0', 'dSC', 'D', 'dD', 'dO', 'v' -> format; 'frob': 'exact' sums
     <S0, dS_C> unrounded); fp16x2s: fp16 hi + lo at one power-of-2 scale per slice (22 bits).
-    The model has no initial or final state gradient: where those dominate (many short
-    sequences with h0 and dht: test_gated_delta's many_seqs_hv3_fused_states) single fp16 S0
-    and dS_C planes cost far more than it shows (session 24: dA_log 4e-5 -> 2e-3, v64 removed)
+  states: each sequence starts from an initial state h0 and gets a final-state gradient dht
+    (dh0 is reported too). Where those dominate (many short sequences: test_gated_delta's
+    many_seqs_hv3_fused_states) single fp16 S0 and dS_C planes cost far more than without them
+    (session 24: dA_log 4e-5 -> 2e-3 on the H200, v64 removed; 'single' shows it)
 and reports the worst relative error (||x - exact|| / ||exact||, as test_gated_delta) of every
 gradient over 8 seeds, for the `qrun check` strong-gate case and for mild gates (run() also takes
 'near0': test_gated_delta's gate_kind 0 with the fused gate; session 16 used it), lens
@@ -97,7 +98,7 @@ def gates(rng, T, kind):
 
 def softplus(x): return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
 
-def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None, recf=None, ops=None):
+def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None, recf=None, ops=None, states=False):
     rng = np.random.default_rng(seed)
     T = sum(lens)
     qr = bf16(rng.standard_normal((T, K))); kr = bf16(rng.standard_normal((T, K)))
@@ -108,6 +109,12 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None, recf=N
     beta = 1 / (1 + np.exp(-b)); x = a + dt
     g = -np.exp(A_log) * softplus(x)
     s = K ** -0.5
+    # states: each sequence's initial state h0 and final-state gradient dht (as test_gated_delta's
+    # cases with h0 and dht: h0 0.3 N(0, 1), dht at dO's scale); drawn last, so that the other
+    # inputs stay those of the same seed without states
+    h0 = 0.3 * rng.standard_normal((len(lens), K, V)) if states else np.zeros((len(lens), K, V))
+    dht = 1e-3 * rng.standard_normal((len(lens), K, V)) if states else np.zeros((len(lens), K, V))
+    dh0 = np.zeros((len(lens), K, V))
     R = lambda z: fmt_round(z, fmt)
     # rec ('h', 'dh', 'both' or '-'): the sequential passes' operands on fp16 too (the V-side
     # operand with a scale per column, the 64x64 left matrices with one scale each; the state
@@ -130,10 +137,10 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None, recf=N
     RT = (lambda z: fmt_round(z, fmt_T)) if fmt_T else (lambda z: z)
     dq = np.zeros((T, K)); dk = np.zeros((T, K)); dv = np.zeros((T, V)); dgam_all = np.zeros(T); dbeta = np.zeros(T)
     bos = 0
-    for L0 in lens:
+    for si, L0 in enumerate(lens):
         chunks = [(bos + c0, min(C, L0 - c0)) for c0 in range(0, L0, C)]
         # h recompute: states at chunk starts, Delta, per-chunk quantities
-        S = np.zeros((K, V)); st = []
+        S = h0[si].copy(); st = []
         for t0, L in chunks:
             gam = np.cumsum(g[t0:t0 + L]); Kc = k[t0:t0 + L]; Qc = q[t0:t0 + L]; bc = beta[t0:t0 + L]
             Gm = np.tril(np.exp(np.minimum(gam[:, None] - gam[None, :], 0)))  # incl diag
@@ -144,7 +151,7 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None, recf=N
             st.append(dict(t0=t0, L=L, gam=gam, Gm=Gm, T=Tm, S0=S.copy(), D=D))
             S = np.exp(gam[-1]) * S + Kc.T @ fD(np.exp(gam[-1] - gam)[:, None] * D)
         # dh pass (reverse)
-        dS = np.zeros((K, V))
+        dS = dht[si].copy()
         for c in reversed(st):
             t0, L, gam, Gm, Tm = c['t0'], c['L'], c['gam'], c['Gm'], c['T']
             Kc = k[t0:t0 + L]; Qc = q[t0:t0 + L]; bc = beta[t0:t0 + L]; dOc = dO[t0:t0 + L]
@@ -153,6 +160,7 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None, recf=N
             c['dSC'] = dS.copy(); c['dD'] = dD
             Z = -(bc * np.exp(gam))[:, None] * (Dm(Tm).T @ Dc(dD))
             dS = np.exp(gam[-1]) * dS + Qc.T @ Dc(s * np.exp(gam)[:, None] * dOc) + Kc.T @ Dc(Z)
+        dh0[si] = dS
         # bwd_chunk, with the V-loop operands rounded
         for c in st:
             t0, L, gam, Gm, Tm = c['t0'], c['L'], c['gam'], c['Gm'], c['T']
@@ -209,7 +217,8 @@ def run(lens, fmt, seed, kind, fmt_T=None, fmt_io=None, rec='-', wy=None, recf=N
     da = -dgam_all * np.exp(A_log) * np.where(x > 20, 1.0, sg)
     out = dict(dq=dq, dk=dk, dv=dv, da=da, db=dbeta * beta * (1 - beta),
                dA_log=np.array([np.sum(dgam_all * (-np.exp(A_log) * sp))]), ddt=np.array([da.sum()]))
-    ins = dict(qr=qr, kr=kr, v=v, b=b, a=a, A_log=A_log, dt=dt, dO=dO)
+    if states: out['dh0'] = dh0
+    ins = dict(qr=qr, kr=kr, v=v, b=b, a=a, A_log=A_log, dt=dt, dO=dO, h0=h0, dht=dht, states=states)
     return out, ins
 
 def autograd_ref(lens, ins):
@@ -218,19 +227,23 @@ def autograd_ref(lens, ins):
     A_log, dt = t(np.array(ins['A_log'])), t(np.array(ins['dt']))
     q = qr / qr.norm(dim=1, keepdim=True); k = kr / kr.norm(dim=1, keepdim=True)
     beta = torch.sigmoid(b); g = -A_log.exp() * torch.nn.functional.softplus(a + dt)
-    outs = []; bos = 0
-    for L0 in lens:
-        S = torch.zeros(K, V, dtype=torch.float64)
+    h0 = t(ins['h0'])
+    outs = []; bos = 0; tail = 0
+    for si, L0 in enumerate(lens):
+        S = h0[si]
         for i in range(bos, bos + L0):
             S = g[i].exp() * S
             d = beta[i] * (v[i] - S.T @ k[i])
             S = S + torch.outer(k[i], d)
             outs.append(K ** -0.5 * S.T @ q[i])
+        tail = tail + (S * torch.tensor(ins['dht'][si])).sum()  # the final state's loss term
         bos += L0
     O = torch.stack(outs)
-    (O * torch.tensor(ins['dO'])).sum().backward()
-    return dict(dq=qr.grad.numpy(), dk=kr.grad.numpy(), dv=v.grad.numpy(), da=a.grad.numpy(), db=b.grad.numpy(),
-                dA_log=A_log.grad.numpy().reshape(1), ddt=dt.grad.numpy().reshape(1))
+    ((O * torch.tensor(ins['dO'])).sum() + tail).backward()
+    r = dict(dq=qr.grad.numpy(), dk=kr.grad.numpy(), dv=v.grad.numpy(), da=a.grad.numpy(), db=b.grad.numpy(),
+             dA_log=A_log.grad.numpy().reshape(1), ddt=dt.grad.numpy().reshape(1))
+    if ins['states']: r['dh0'] = h0.grad.numpy()
+    return r
 
 def rel(x, r): return np.linalg.norm(x - r) / max(np.linalg.norm(r), 1e-300)
 
@@ -238,10 +251,10 @@ if __name__ == '__main__':
     lens = [1, 2, 3, 63, 64, 65, 200]
     if sys.argv[1:2] == ['check']:
         bad = 0
-        for kind in ['strong', 'mild']:
-            o, ins = run(lens, 'exact', 1, kind); r = autograd_ref(lens, ins)
+        for kind, states in [('strong', False), ('mild', False), ('mild', True)]:
+            o, ins = run(lens, 'exact', 1, kind, states=states); r = autograd_ref(lens, ins)
             errs = {n: rel(o[n], r[n]) for n in o}
-            print(kind, 'exact model vs autograd:', ' '.join(f'{n}={e:.1e}' for n, e in errs.items()))
+            print(kind, '+ states' if states else '', 'exact model vs autograd:', ' '.join(f'{n}={e:.1e}' for n, e in errs.items()))
             bad += sum(e > 1e-10 for e in errs.values())
         sys.exit(1 if bad else 0)
     if sys.argv[1:2] == ['recf']:  # which recompute operands need 22 bits (session 15)
@@ -257,15 +270,20 @@ if __name__ == '__main__':
         sys.exit(0)
     if sys.argv[1:2] == ['single']:  # v64 (session 24): which V-loop operands may be single fp16 planes
         allf = dict(S0='fp16s', dSC='fp16s', D='fp16s', dD='fp16s', dO='fp16s', v='fp16s')
-        for kind in ['strong', 'mild', 'near0']:
+        # 'short+states': 300 sequences of 1-9 tokens with h0 and dht, mild gates (the kind of
+        # test_gated_delta's many_seqs_hv3_fused_states, where v64 lost most)
+        short = list(np.random.default_rng(7).integers(1, 10, 300))
+        for kind in ['strong', 'mild', 'near0', 'short+states']:
+            kl, kk_, kst = (short, 'mild', True) if kind == 'short+states' else (lens, kind, False)
             for name, ops in [('hi/lo (v63)', {}), ('all single', allf), ('Delta fp16x2s (v64)', dict(allf, D='fp16x2s')),
                               ('Delta, S0 fp16x2s', dict(allf, D='fp16x2s', S0='fp16x2s')),
                               ('Delta, dS_C fp16x2s', dict(allf, D='fp16x2s', dSC='fp16x2s'))]:
                 worst = {}
                 for seed in range(1, 9):
-                    ex, _ = run(lens, 'exact', seed, kind); o, _ = run(lens, 'bf16x2', seed, kind, None, None, 'dh', None, None, ops)
+                    ex, _ = run(kl, 'exact', seed, kk_, states=kst)
+                    o, _ = run(kl, 'bf16x2', seed, kk_, None, None, 'dh', None, None, ops, states=kst)
                     for n in o: worst[n] = max(worst.get(n, 0), rel(o[n], ex[n]))
-                print(f'{kind:6s} {name:20s} ' + ' '.join(f'{n}={worst[n]:.1e}' for n in worst), flush=True)
+                print(f'{kind:12s} {name:20s} ' + ' '.join(f'{n}={worst[n]:.1e}' for n in worst), flush=True)
         sys.exit(0)
     for kind in ['strong', 'mild']:
         for fmt, fT, fio, rec, wy in [('bf16x2', None, None, '-', None), ('fp16s', 'fp16s', 'fp16s', '-', None), ('bf16x2', None, None, 'h', None),
