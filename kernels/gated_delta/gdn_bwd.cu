@@ -103,6 +103,16 @@ __device__ __forceinline__ void wy_mma_sync(float (&acc)[NT][4], uint64_t a, uin
 constexpr uint32_t kT128 = 64 * 64 * 2;  // bytes of one [64][64] bf16 plane (the lo plane of a pair)
 #endif
 
+// (x0, x1) split into bf16 hi/lo (split2) and stored at element o of the hi plane and of the lo
+// plane PL elements after it (the WY part's plane pairs: [2][64][64], PL = C*C; dW: PL = C*DK)
+template <int PL>
+__device__ __forceinline__ void put_pair(__nv_bfloat16* planes, int o, float x0, float x1) {
+  uint32_t hi, lo;
+  split2(x0, x1, hi, lo);
+  *reinterpret_cast<uint32_t*>(planes + o) = hi;
+  *reinterpret_cast<uint32_t*>(planes + PL + o) = lo;
+}
+
 // One (chunk, value head) item of gdn_bwd_chunk_kernel. q/k stay raw bf16 in shared memory (l2norm row scales rsQ/rsK applied
 // outside the products). The V loop (the bulk of the FLOPs) runs on bf16 tensor cores with hi/lo
 // split operands (gdn_mma16.cuh): the state kernels store h, dh, Delta and dDelta already split,
@@ -650,11 +660,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   for (int nn = 0; nn < 4; ++nn)  // dW = -aW as bf16 hi/lo planes
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      uint32_t hi, lo;
-      split2(-aW[nn][2 * hh], -aW[nn][2 * hh + 1], hi, lo);
-      const int o = fq(gq + 8 * hh, nn * 8 + 2 * tq);  // (row 16 wr + gq + 8 hh, column 32 wc + 8 nn + 2 tq)
-      *reinterpret_cast<uint32_t*>(dWp + o) = hi;
-      *reinterpret_cast<uint32_t*>(dWp + C * DK + o) = lo;
+      // (row 16 wr + gq + 8 hh, column 32 wc + 8 nn + 2 tq)
+      put_pair<C * DK>(dWp, fq(gq + 8 * hh, nn * 8 + 2 * tq), -aW[nn][2 * hh], -aW[nn][2 * hh + 1]);
     }
   // KK = K K^T, after the dT and dW stores (aT and aW are dead by then: spills 76 -> 60 B). (v57 on
   // the H200: with the bge/bgk factors above 0.006 ms faster than v56 over six paired runs; either
@@ -684,13 +691,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
           cs[nn][u] += e;
         }
         const int o = swz_el<C>(r, j);
-        uint32_t hi, lo;
-        split2(v[0] * rsK[j], v[1] * rsK[j + 1], hi, lo);
-        *reinterpret_cast<uint32_t*>(XpA + o) = hi;
-        *reinterpret_cast<uint32_t*>(XpA + C * C + o) = lo;
-        split2(v[0] * rsQ[r], v[1] * rsQ[r], hi, lo);
-        *reinterpret_cast<uint32_t*>(XpB + o) = hi;
-        *reinterpret_cast<uint32_t*>(XpB + C * C + o) = lo;
+        put_pair<C * C>(XpA, o, v[0] * rsK[j], v[1] * rsK[j + 1]);
+        put_pair<C * C>(XpB, o, v[0] * rsQ[r], v[1] * rsQ[r]);
       }
     frag_sums(rs, cs);
   }
@@ -789,11 +791,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
           const float x = dTs[r * LDC + jj] + cf[u] * acc[nn][2 * hh + u];
           v[u] = (r > jj && r < L) ? x : 0.f;
         }
-        const int o = swz_el<C>(r, j);  // dT planes (A of M1 = dT T^T)
-        uint32_t hi, lo;
-        split2(v[0], v[1], hi, lo);
-        *reinterpret_cast<uint32_t*>(dTp + o) = hi;
-        *reinterpret_cast<uint32_t*>(dTp + C * C + o) = lo;
+        put_pair<C * C>(dTp, swz_el<C>(r, j), v[0], v[1]);  // dT planes (A of M1 = dT T^T)
       }
     }
 #if GDN_BWD_WY
@@ -871,11 +869,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = 16 * wr + gq + 8 * hh, j = 16 * wc + nn * 8 + 2 * tq;
-        const int o = swz_el<C>(r, j);
-        uint32_t hi, lo;
-        split2(acc[nn][2 * hh], acc[nn][2 * hh + 1], hi, lo);
-        *reinterpret_cast<uint32_t*>(XpA + o) = hi;
-        *reinterpret_cast<uint32_t*>(XpA + C * C + o) = lo;
+        put_pair<C * C>(XpA, swz_el<C>(r, j), acc[nn][2 * hh], acc[nn][2 * hh + 1]);
       }
   }
 #if GDN_BWD_WY
@@ -934,11 +928,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     const float2 gr = *reinterpret_cast<const float2*>(Gs + r * LDC + j);
     const float g0 = (bet[r] * gr.x + bet[j] * Gs[j * LDC + r]) * rsK[j];
     const float g1 = (bet[r] * gr.y + bet[j + 1] * Gs[(j + 1) * LDC + r]) * rsK[j + 1];
-    const int o = swz_el<C>(r, j);
-    uint32_t hi, lo;
-    split2(g0, g1, hi, lo);
-    *reinterpret_cast<uint32_t*>(XpB + o) = hi;
-    *reinterpret_cast<uint32_t*>(XpB + C * C + o) = lo;
+    put_pair<C * C>(XpB, swz_el<C>(r, j), g0, g1);
   }
 #if GDN_BWD_WY
   wg::fence_smem();  // (the Gsym planes)
