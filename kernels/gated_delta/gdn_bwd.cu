@@ -676,24 +676,20 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     float qk[2][4];
     gram_acc(Qb, rsQ, qk, 1);
     float rs[2] = {0.f, 0.f}, cs[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+    for_pairs<2>(16 * wr, 16 * wc, [&](int r, int j, int nn, int hh) {
+      float v[2];
 #pragma unroll
-    for (int nn = 0; nn < 2; ++nn)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = 16 * wr + gq + 8 * hh, j = 16 * wc + nn * 8 + 2 * tq;
-        float v[2];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int jj = j + u;
-          v[u] = (r >= jj && r < L) ? p.scale * aPD[nn][2 * hh + u] * expf(gam[r] - gam[jj]) : 0.f;
-          const float e = r > jj ? v[u] * qk[nn][2 * hh + u] : 0.f;
-          rs[hh] += e;
-          cs[nn][u] += e;
-        }
-        const int o = swz_el<C>(r, j);
-        put_pair<C * C>(XpA, o, v[0] * rsK[j], v[1] * rsK[j + 1]);
-        put_pair<C * C>(XpB, o, v[0] * rsQ[r], v[1] * rsQ[r]);
+      for (int u = 0; u < 2; ++u) {
+        const int jj = j + u;
+        v[u] = (r >= jj && r < L) ? p.scale * aPD[nn][2 * hh + u] * expf(gam[r] - gam[jj]) : 0.f;
+        const float e = r > jj ? v[u] * qk[nn][2 * hh + u] : 0.f;
+        rs[hh] += e;
+        cs[nn][u] += e;
       }
+      const int o = swz_el<C>(r, j);
+      put_pair<C * C>(XpA, o, v[0] * rsK[j], v[1] * rsK[j + 1]);
+      put_pair<C * C>(XpB, o, v[0] * rsQ[r], v[1] * rsQ[r]);
+    });
     frag_sums(rs, cs);
   }
   // dgamma, direct part, formed without catastrophic cancellation:
@@ -776,24 +772,20 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       }
     }
 #endif
+    float2 cfs[2];  // per-column factors beta e^gamma rsK (two columns per lane and n8 tile)
 #pragma unroll
-    for (int nn = 0; nn < 2; ++nn) {
-      // per-column factors beta e^gamma rsK (two columns per lane and n8 tile)
-      const float2 cf2 = *reinterpret_cast<const float2*>(bgk + 16 * wc + nn * 8 + 2 * tq);
-      const float cf[2] = {cf2.x, cf2.y};
+    for (int nn = 0; nn < 2; ++nn) cfs[nn] = *reinterpret_cast<const float2*>(bgk + 16 * wc + nn * 8 + 2 * tq);
+    for_pairs<2>(16 * wr, 16 * wc, [&](int r, int j, int nn, int hh) {
+      const float2 cf = cfs[nn];
+      float v[2];
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = 16 * wr + gq + 8 * hh, j = 16 * wc + nn * 8 + 2 * tq;
-        float v[2];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int jj = j + u;
-          const float x = dTs[r * LDC + jj] + cf[u] * acc[nn][2 * hh + u];
-          v[u] = (r > jj && r < L) ? x : 0.f;
-        }
-        put_pair<C * C>(dTp, swz_el<C>(r, j), v[0], v[1]);  // dT planes (A of M1 = dT T^T)
+      for (int u = 0; u < 2; ++u) {
+        const int jj = j + u;
+        const float x = dTs[r * LDC + jj] + (u ? cf.y : cf.x) * acc[nn][2 * hh + u];
+        v[u] = (r > jj && r < L) ? x : 0.f;
       }
-    }
+      put_pair<C * C>(dTp, swz_el<C>(r, j), v[0], v[1]);  // dT planes (A of M1 = dT T^T)
+    });
 #if GDN_BWD_WY
     wg::fence_smem();  // (the dT planes: an operand after the barriers below)
 #endif

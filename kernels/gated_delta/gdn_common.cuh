@@ -122,6 +122,17 @@ __device__ __forceinline__ void for_frag(float (&acc)[NT8][4], F f) {
     for (int e = 0; e < 4; ++e) f(gq + ((e >> 1) << 3), n * 8 + 2 * tq + (e & 1), acc[n][e]);
 }
 
+// Calls g(row, col, n, hh) for each of the lane's element pairs of a warp's m16 x (8*NT)
+// accumulator tile at (r0, c0): acc[n][2hh], acc[n][2hh+1] sit at (row, col), (row, col + 1).
+template <int NT, class G>
+__device__ __forceinline__ void for_pairs(int r0, int c0, G g) {
+  const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) g(r0 + gq + 8 * hh, c0 + n * 8 + 2 * tq, n, hh);
+}
+
 // Row sums of (acc .* X(row, col)) over the tile's columns: returns the sums for rows gq and gq+8
 // reduced over the 4 lanes of the quad (every lane of the quad gets the result).
 template <int NT8, class FX>

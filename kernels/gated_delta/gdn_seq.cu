@@ -141,16 +141,6 @@ __device__ __forceinline__ void ld_vecs(const SeqSmem& s, int b, const KParams& 
   }
 }
 
-// Calls g(row, col, n, hh) for each of the lane's element pairs of a warp's m16 x (8*NT)
-// accumulator tile at (r0, c0): acc[n][2hh], acc[n][2hh+1] sit at (row, col), (row, col + 1).
-template <int NT, class G>
-__device__ __forceinline__ void for_pairs(int r0, int c0, G g) {
-  const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-#pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) g(r0 + gq + 8 * hh, c0 + n * 8 + 2 * tq, n, hh);
-}
 
 // Writes the split planes of a warp's m16 x (8*NT) fp32 accumulator tile at (r0, c0) of a
 // [rows][LDS] plane pair (hi at P, lo at P + plane). f(row, col, value) -> value to store.
