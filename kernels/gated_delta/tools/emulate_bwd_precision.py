@@ -247,6 +247,14 @@ def autograd_ref(lens, ins):
 
 def rel(x, r): return np.linalg.norm(x - r) / max(np.linalg.norm(r), 1e-300)
 
+def worst_of(lens, kind, fmt='bf16x2', states=False, seeds=range(1, 9), **kw):
+    """Worst relative error of every gradient over the seeds: run(fmt, **kw) against the exact model."""
+    worst = {}
+    for seed in seeds:
+        ex, _ = run(lens, 'exact', seed, kind, states=states); o, _ = run(lens, fmt, seed, kind, states=states, **kw)
+        for n in o: worst[n] = max(worst.get(n, 0), rel(o[n], ex[n]))
+    return ' '.join(f'{n}={e:.1e}' for n, e in worst.items())
+
 if __name__ == '__main__':
     lens = [1, 2, 3, 63, 64, 65, 200]
     if sys.argv[1:2] == ['check']:
@@ -262,11 +270,7 @@ if __name__ == '__main__':
             for recf in [('-', '-', '-', '-'), ('fp16', 'fp16', 'fp16', 'fp16'), ('fp16x2', 'fp16', 'fp16', 'fp16'),
                          ('fp16x2', 'fp16', 'fp16', 'fp16x2'), ('fp16x2', 'fp16x2', 'fp16', 'fp16x2'),
                          ('fp16x2', 'fp16x2', 'fp16x2', 'fp16x2'), ('fp16', 'fp16x2', 'fp16x2', 'fp16x2')]:
-                worst = {}
-                for seed in range(1, 9):
-                    ex, _ = run(lens, 'exact', seed, kind); o, _ = run(lens, 'bf16x2', seed, kind, recf=recf)
-                    for n in o: worst[n] = max(worst.get(n, 0), rel(o[n], ex[n]))
-                print(f'{kind:6s} S,Y,T,D\'={",".join(recf):27s} ' + ' '.join(f'{n}={worst[n]:.1e}' for n in worst), flush=True)
+                print(f'{kind:6s} S,Y,T,D\'={",".join(recf):27s} ' + worst_of(lens, kind, recf=recf), flush=True)
         sys.exit(0)
     if sys.argv[1:2] == ['single']:  # v64 (session 24): which V-loop operands may be single fp16 planes
         allf = dict(S0='fp16s', dSC='fp16s', D='fp16s', dD='fp16s', dO='fp16s', v='fp16s')
@@ -278,20 +282,12 @@ if __name__ == '__main__':
             for name, ops in [('hi/lo (v63)', {}), ('all single', allf), ('Delta fp16x2s (v64)', dict(allf, D='fp16x2s')),
                               ('Delta, S0 fp16x2s', dict(allf, D='fp16x2s', S0='fp16x2s')),
                               ('Delta, dS_C fp16x2s', dict(allf, D='fp16x2s', dSC='fp16x2s'))]:
-                worst = {}
-                for seed in range(1, 9):
-                    ex, _ = run(kl, 'exact', seed, kk_, states=kst)
-                    o, _ = run(kl, 'bf16x2', seed, kk_, None, None, 'dh', None, None, ops, states=kst)
-                    for n in o: worst[n] = max(worst.get(n, 0), rel(o[n], ex[n]))
-                print(f'{kind:12s} {name:20s} ' + ' '.join(f'{n}={worst[n]:.1e}' for n in worst), flush=True)
+                print(f'{kind:12s} {name:20s} ' + worst_of(kl, kk_, states=kst, rec='dh', ops=ops), flush=True)
         sys.exit(0)
     for kind in ['strong', 'mild']:
         for fmt, fT, fio, rec, wy in [('bf16x2', None, None, '-', None), ('fp16s', 'fp16s', 'fp16s', '-', None), ('bf16x2', None, None, 'h', None),
                                    ('bf16x2', None, None, 'dh', None), ('fp16s', 'fp16s', 'fp16s', 'dh', None),
                                    ('bf16x2', None, None, '-', 'fp16m'), ('bf16x2', None, None, '-', 'bf16x2'),
                                    ('bf16', None, None, '-', None)]:
-            worst = {}
-            for seed in range(1, 9):
-                ex, _ = run(lens, 'exact', seed, kind); o, _ = run(lens, fmt, seed, kind, fT, fio, rec, wy)
-                for n in o: worst[n] = max(worst.get(n, 0), rel(o[n], ex[n]))
-            print(f'{kind:6s} {fmt:6s} T:{fT or "-":5s} io:{fio or "-":5s} rec:{rec:4s} wy:{wy or "-":6s} ' + ' '.join(f'{n}={worst[n]:.1e}' for n in worst), flush=True)
+            print(f'{kind:6s} {fmt:6s} T:{fT or "-":5s} io:{fio or "-":5s} rec:{rec:4s} wy:{wy or "-":6s} ' +
+                  worst_of(lens, kind, fmt, fmt_T=fT, fmt_io=fio, rec=rec, wy=wy), flush=True)
