@@ -102,9 +102,18 @@ bool aligned16(const void* ptr, int64_t st, int64_t sh) {
   return ptr && (reinterpret_cast<uintptr_t>(ptr) % 16 == 0) && st % 8 == 0 && sh % 8 == 0;
 }
 
-KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
+// Which launch sequence the parameters serve: the forward, the forward that keeps its prep for the
+// backward (kFwdKeep: the fp16 T and P in the backward's places, T's hi/lo planes too), or the
+// backward.
+enum class Role { kFwd, kFwdKeep, kBwd };
+
+// The buffers before layout(p).total_fwd (prep's outputs) lie at `pre`; the backward's own ones
+// (from total_fwd on) at `post`, offset by total_fwd: one workspace is pre = ws, post = ws +
+// total_fwd; a kept forward workspace is pre (GdnBwdIO::forward_workspace).
+KParams make_params(const GdnProblem& p, void* pre, void* post, Role role) {
   const Layout l = layout(p);
-  char* w = static_cast<char*>(ws);
+  const bool bwd = role == Role::kBwd, bwd_planes = role != Role::kFwd;
+  char* w = static_cast<char*>(pre);
   KParams k{};
   k.T = p.total_tokens; k.N = p.num_seqs; k.NT = p.num_chunks;
   k.H = p.H; k.HV = p.HV; k.G = p.HV / p.H;
@@ -137,19 +146,20 @@ KParams make_params(const GdnProblem& p, void* ws, bool bwd) {
     k.fq = reinterpret_cast<float*>(w + l.fq);
     k.dec = reinterpret_cast<float*>(w + l.dec);
     k.f16_bad = reinterpret_cast<int*>(w + l.bad);
-    // the fp16 T and P planes: the forward's Tp and Pp; the backward's Pp as [NT,HV,{T,P},64,64]
-    // (its Tp keeps the hi/lo T planes that bwd_chunk multiplies)
-    k.T16 = bwd ? k.Pp : k.Tp;
-    k.P16 = bwd ? k.Pp + C * C : k.Pp;
-    k.tp16_st = bwd ? 2 * C * C : C * C;
+    // the fp16 T and P planes: the forward's Tp and Pp; the backward's (and the kept forward's) Pp
+    // as [NT,HV,{T,P},64,64] (its Tp keeps the hi/lo T planes that bwd_chunk multiplies)
+    k.T16 = bwd_planes ? k.Pp : k.Tp;
+    k.P16 = bwd_planes ? k.Pp + C * C : k.Pp;
+    k.tp16_st = bwd_planes ? 2 * C * C : C * C;
   }
   if (bwd) {
-    k.hs = reinterpret_cast<__nv_bfloat16*>(w + l.hs);
-    k.dhs = reinterpret_cast<__nv_bfloat16*>(w + l.dhs);
-    k.Dl = reinterpret_cast<__nv_bfloat16*>(w + l.Dl);
-    k.dDl = reinterpret_cast<__nv_bfloat16*>(w + l.dDl);
-    k.gacc = reinterpret_cast<float*>(w + l.gacc);
-    k.part = reinterpret_cast<float*>(w + l.part);
+    const auto at = [&](size_t off) { return static_cast<char*>(post) + (off - l.total_fwd); };
+    k.hs = reinterpret_cast<__nv_bfloat16*>(at(l.hs));
+    k.dhs = reinterpret_cast<__nv_bfloat16*>(at(l.dhs));
+    k.Dl = reinterpret_cast<__nv_bfloat16*>(at(l.Dl));
+    k.dDl = reinterpret_cast<__nv_bfloat16*>(at(l.dDl));
+    k.gacc = reinterpret_cast<float*>(at(l.gacc));
+    k.part = reinterpret_cast<float*>(at(l.part));
   }
   return k;
 }
@@ -333,9 +343,10 @@ size_t gdn_fwd_workspace_bytes(const GdnProblem& p) {
   gdn_check_problem(p);
   return layout(p).total_fwd;
 }
-size_t gdn_bwd_workspace_bytes(const GdnProblem& p) {
+size_t gdn_bwd_workspace_bytes(const GdnProblem& p, bool with_forward_workspace) {
   gdn_check_problem(p);
-  return layout(p).total_bwd;
+  const Layout l = layout(p);
+  return with_forward_workspace ? l.total_bwd - l.total_fwd : l.total_bwd;
 }
 
 void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_bytes, Stream stream) {
@@ -343,7 +354,16 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
   if (ws_bytes < layout(p).total_fwd || (!ws && layout(p).total_fwd > 0)) fail("forward workspace too small");
   if (p.total_tokens > 0 && !out.o) fail("o is required");
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  KParams k = make_params(p, ws, false);
+  // Note [Kept prep]: with keep_for_backward the fast forward's prep is the backward's (kPrepB16:
+  // the fp16 T and P where the backward reads them, T's hi/lo planes too), and the caller keeps the
+  // workspace for gdn_backward (GdnBwdIO::forward_workspace), which then launches no prep of its
+  // own and inherits the forward's fp16-range flags: a pair the forward redid in bf16x2 is redone
+  // by the backward's bf16x2 launches too (conservative; the forward's state checks flag it as
+  // well). The backward's fallback launches rewrite only flagged pairs' prep, with the same
+  // values (T, gamma, beta) or in the bf16x2 form those pairs then keep (P): a second backward
+  // from the same workspace (retain_graph) sees the same flags and computes the same.
+  const bool keep = out.keep_for_backward && p.fast_forward;
+  KParams k = make_params(p, ws, nullptr, keep ? Role::kFwdKeep : Role::kFwd);
   k.o = out.o; k.o_st = out.o_st; k.o_sh = out.o_sh;
   k.pair_o = out.o && reinterpret_cast<uintptr_t>(out.o) % 4 == 0 && out.o_st % 2 == 0 && out.o_sh % 2 == 0;
   k.vec_o = aligned16(out.o, out.o_st, out.o_sh);
@@ -355,7 +375,7 @@ void gdn_forward(const GdnProblem& p, const GdnFwdOut& out, void* ws, size_t ws_
     // (run_if) redo the forward (o, final state) of exactly those pairs, and return at once
     // everywhere else. No host synchronisation either way.
     check_cuda(cudaMemsetAsync(k.f16_bad, 0, ((size_t)p.num_seqs * p.HV + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
-    launch_common_fwd(k, p, s, pr, kPrepF16);
+    launch_common_fwd(k, p, s, pr, keep ? kPrepB16 : kPrepF16);
     if (p.num_seqs > 0) {
       const int64_t blocks = p.num_seqs * p.HV * seq_t_slices();
       set_smem(gdn_state16t_kernel, seq_t_smem_bytes(), 4);
@@ -388,12 +408,20 @@ GdnDeviceInfo gdn_device_info() {
 
 void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_bytes, Stream stream) {
   gdn_check_problem(p);
-  if (ws_bytes < layout(p).total_bwd || (!ws && layout(p).total_bwd > 0)) fail("backward workspace too small");
+  const Layout l = layout(p);
+  void* const fws = io.forward_workspace;
+  if (fws) {
+    if (ws_bytes < l.total_bwd - l.total_fwd || (!ws && l.total_bwd > l.total_fwd))
+      fail("backward workspace too small (with a forward workspace: gdn_bwd_workspace_bytes(p, true))");
+  } else if (ws_bytes < l.total_bwd || (!ws && l.total_bwd > 0)) {
+    fail("backward workspace too small");
+  }
   if (p.total_tokens > 0 && (!io.dO || !io.dq || !io.dk || !io.dv || !io.dg || !io.dbeta))
     fail("backward needs dO, dq, dk, dv, dg and dbeta");
   if (io.grad_dtype != DType::F32 && io.grad_dtype != DType::BF16) fail("bad grad dtype");
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  KParams k = make_params(p, ws, true);
+  KParams k = fws ? make_params(p, fws, ws, Role::kBwd)
+                  : make_params(p, ws, static_cast<char*>(ws) + l.total_fwd, Role::kBwd);
   k.dO = io.dO; k.do_st = io.do_st; k.do_sh = io.do_sh;
   k.dht = io.d_final_state;
   k.gdt = (int)io.grad_dtype;
@@ -438,9 +466,12 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     // are independent; bwd_chunk needs both.
     // Note [f16 guard] (gdn_forward): prep's fp16 q/k, T and P are range-checked as in the fast
     // forward; flagged (sequence, value head)s are redone by the bf16x2 launches below, which
-    // return at once everywhere else.
-    check_cuda(cudaMemsetAsync(k.f16_bad, 0, ((size_t)p.num_seqs * p.HV + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
-    launch_common_fwd(k, p, s, pr, kPrepB16);
+    // return at once everywhere else. With a kept forward workspace (Note [Kept prep], gdn_forward)
+    // prep and its flags are the forward's.
+    if (!(fws && p.fast_forward)) {
+      check_cuda(cudaMemsetAsync(k.f16_bad, 0, ((size_t)p.num_seqs * p.HV + 1) * sizeof(int32_t), s), "cudaMemsetAsync");
+      launch_common_fwd(k, p, s, pr, kPrepB16);
+    }
     if (p.num_seqs > 0) {
       const int64_t blocks = p.num_seqs * p.HV * seq_t_slices();
       set_smem(gdn_dh16t_kernel, dh16t_smem_bytes(), 8);

@@ -203,10 +203,11 @@ __device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, i
   const int r0 = tid >> 3, c8 = (tid & 7) * 8;  // T, P: 16 rows per pass, 8 pieces per row
   {
     const int d0 = swz<C>(r0, c8);
-    // (the forward's planes are p.Tp, p.Pp at a fixed stride: p.T16, p.P16 there)
-    const int64_t pl = (g.c * p.HV + hv) * (KIND == kFwd ? (int64_t)kPL : p.tp16_st) + tid * 8;
-    const __nv_bfloat16* Tsrc = KIND == kFwd ? p.Tp : p.T16;
-    const __nv_bfloat16* Psrc = KIND == kFwd ? p.Pp : p.P16;
+    // (the forward's planes: p.Tp, p.Pp at stride C*C, or the backward's places when the forward
+    // keeps its prep for the backward: gated_delta.cu make_params)
+    const int64_t pl = (g.c * p.HV + hv) * p.tp16_st + tid * 8;
+    const __nv_bfloat16* Tsrc = p.T16;
+    const __nv_bfloat16* Psrc = p.P16;
 #pragma unroll
     for (int i = 0; i < C / 16; ++i) {
       cp_async16(b.T + d0 + 16 * i * C, Tsrc + pl + i * 16 * C, 16);
