@@ -263,8 +263,9 @@ void unit_gpu(Registry& r) {
     Grads ff = run(*fla, f, s1, w), rf = run(*ref, f, s1, w);
     expect(worst(ff, rf) < 5e-3, fmt::format("fp32 a and b: diff vs gdn-reference {:.2e}", worst(ff, rf)));
     // forward_operands: bf16x2 (the recipe option) against the default fp16 forward: the outputs
-    // differ by the fp16 operand rounding only; the backward recomputes everything from the
-    // inputs on bf16x2 either way, so the gradients are bitwise the same.
+    // differ by the fp16 operand rounding only; the backward's prep (kept from the fp16 forward,
+    // computed by the backward after the bf16x2 one) and everything after it are the same, so
+    // the gradients are bitwise the same.
     auto fla_x = r.create<LinearAttention>(
         "fla-gated-delta", Config("kernels.linear_attention", {{"forward_operands", std::string("bf16x2")}}));
     Grads fx = run(*fla_x, in, s1, w);
@@ -292,6 +293,20 @@ void unit_gpu(Registry& r) {
            fmt::format("backward_operands: fp16 vs bf16x2 gradients {:.2e} (bound 5e-3); auto is bitwise "
                        "one of them (vs fp16 {:.2e}, vs bf16x2 {:.2e}): {}",
                        worst(gb[0], gb[1]), a16, a2, g_auto_backward.empty() ? "neither" : g_auto_backward));
+    // keep_prep (on by default: the forward's prep kept for the backward) off gives bitwise the
+    // same gradients, and so does a second backward through the same graph (retain_graph), which
+    // reads the kept workspace again.
+    auto fnk = r.create<LinearAttention>("fla-gated-delta", Config("kernels.linear_attention", {{"keep_prep", false}}));
+    Grads gk = run(*fnk, in, s1, w);
+    for (const auto& t : in.all()) t.mutable_grad() = at::Tensor();
+    at::Tensor loss = (fla->forward(in.gdn(), s1, {}).to(at::kFloat) * w).sum();
+    auto ga = torch::autograd::grad({loss}, in.all(), {}, /*retain_graph=*/true, false, /*allow_unused=*/true);
+    auto gz = torch::autograd::grad({loss}, in.all(), {}, /*retain_graph=*/false, false, /*allow_unused=*/true);
+    double er = 0;
+    for (size_t i = 0; i < ga.size(); ++i) er = std::max({er, nrel(ga[i], gz[i]), nrel(ga[i], f1.g[i])});
+    expect(worst(gk, f1) == 0 && er == 0,
+           fmt::format("keep_prep: false gives the default's gradients bitwise (diff {:.2e}); a second "
+                       "backward through the same graph too (diff {:.2e})", worst(gk, f1), er));
   }
 }
 
