@@ -34,6 +34,7 @@ size_t rec16t_smem_bytes();
 int rec16t_threads();
 cudaError_t rec16t_built(bool& built);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
+__global__ void gdn_bwd_chunk_beside_kernel(KParams p);
 size_t seq_smem_bytes();
 size_t seq_smem_bytes_noq();
 size_t prep_smem_bytes();
@@ -61,8 +62,12 @@ int64_t bwd_chunk_slots(const GdnProblem& p) {
   return groups < kMaxBwdChunkBlocks ? groups : kMaxBwdChunkBlocks;
 }
 
+// Note [Beside the recompute] (gdn_backward): bwd_chunk's ticket (8 bytes), the recompute's count of
+// finished blocks (ready[-1]), then its per-chunk counts ready[NT]
+constexpr size_t kSyncHead = 16;
+
 struct Layout {
-  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, gacc, part, total_fwd, total_bwd;
+  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, gacc, part, sync, total_fwd, total_bwd;
 };
 
 Layout layout(const GdnProblem& p) {
@@ -94,6 +99,7 @@ Layout layout(const GdnProblem& p) {
   // (then each block's gram slot: K K^T and Q K^T of its current group, 2 x C x C floats)
   l.gacc = take((size_t)bwd_chunk_slots(p) * (2 * C * DK + 2 * C * C) * f);
   l.part = take(NT * HV * 2 * f);
+  l.sync = take(kSyncHead + NT * sizeof(int32_t));  // bwd_chunk's ticket, the finished count, ready[NT]
   l.total_bwd = off;
   return l;
 }
@@ -420,8 +426,8 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     fail("backward needs dO, dq, dk, dv, dg and dbeta");
   if (io.grad_dtype != DType::F32 && io.grad_dtype != DType::BF16) fail("bad grad dtype");
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  KParams k = fws ? make_params(p, fws, ws, Role::kBwd)
-                  : make_params(p, ws, static_cast<char*>(ws) + l.total_fwd, Role::kBwd);
+  char* const post = fws ? static_cast<char*>(ws) : static_cast<char*>(ws) + l.total_fwd;
+  KParams k = make_params(p, fws ? fws : ws, post, Role::kBwd);
   k.dO = io.dO; k.do_st = io.do_st; k.do_sh = io.do_sh;
   k.dht = io.d_final_state;
   k.gdt = (int)io.grad_dtype;
@@ -448,6 +454,7 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
   // The bf16x2 state recompute and reverse pass (gdn_state_dh_kernel): the whole backward's on the
   // bf16x2 path; the fast path's fallback for the flagged (sequence, value head)s (k.run_if set:
   // everything else returns at once).
+  bool fallbacks_done = false;
   const auto fallbacks = [&] {
     launch_common_fwd(k, p, s, pr, kPrepHL);
     if (p.num_seqs > 0) {
@@ -483,6 +490,29 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
         // (96 + 96 blocks) the pair took 1.08 ms when the recompute was the reverse pass's
         // programmatic dependent (0.89 ms the other way round) and 0.85 ms one after the other,
         // against 0.46 + 0.40 ms alone (session 19).
+        //
+        // Note [Beside the recompute]: where the recompute leaves SMs idle (fewer blocks than
+        // SMs: 96 of 132 at 1x8192), bwd_chunk is its programmatic dependent. Its blocks start on
+        // the idle SMs as soon as every recompute block has started, take the groups by ticket in
+        // chunk order, and run each once the recompute has published its chunk (every block of
+        // the sequence has stored the chunk's planes: p.ready, counted at every 8th chunk). No
+        // deadlock: every block they wait for is already running. The flagged pairs' fallback
+        // runs before the recompute instead of after it (it overwrites what the reverse pass
+        // wrote for them), and the recompute skips those pairs, so that bwd_chunk can follow it
+        // directly. (With no idle SM, 4x2048's 384 blocks, tickets gain nothing.)
+        if (blocks < sm_count() && p.num_chunks > 0) {
+          k.run_if = k.f16_bad;
+          fallbacks();
+          report_fallback(io.fell_back, k, p, s);
+          fallbacks_done = true;
+          char* const sync = post + (l.sync - l.total_fwd);
+          check_cuda(cudaMemsetAsync(sync, 0, kSyncHead + (size_t)p.num_chunks * sizeof(int32_t), s), "cudaMemsetAsync");
+          k.ticket = reinterpret_cast<unsigned long long*>(sync);
+          k.ready = reinterpret_cast<int*>(sync + kSyncHead);
+          k.ready_full = (int)(p.HV * seq_t_slices());
+          k.ready_blocks = (int)blocks;
+          k.skip_if = k.f16_bad;
+        }
         set_smem(gdn_rec16t_kernel, rec16t_smem_bytes(), 9);
         gdn_rec16t_kernel<<<grid1d(blocks, "state"), rec16t_threads(), rec16t_smem_bytes(), s>>>(k);
         check_launch("gdn_rec16t_kernel");
@@ -500,15 +530,23 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     }
     k.run_if = k.f16_bad;
   }
-  fallbacks();
-  report_fallback(io.fell_back, k, p, s);
+  if (!fallbacks_done) {
+    fallbacks();
+    report_fallback(io.fell_back, k, p, s);
+  }
   if (p.num_chunks > 0) {
     set_smem(gdn_bwd_chunk_kernel, bwd_smem_bytes(), 3);
-    // persistent: one block per SM (shared memory allows no second), groups in launch order
+    // persistent: one block per SM (shared memory allows no second), groups in launch order, or
+    // by ticket beside the recompute (Note [Beside the recompute])
     const int64_t slots = bwd_chunk_slots(p);
-    const int64_t blocks = slots < sm_count() ? slots : sm_count();
-    gdn_bwd_chunk_kernel<<<grid1d(blocks, "bwd_chunk"), 512, bwd_smem_bytes(), s>>>(k);
-    check_launch("gdn_bwd_chunk_kernel");
+    const unsigned blocks = grid1d(slots < sm_count() ? slots : sm_count(), "bwd_chunk");
+    if (k.ticket) {
+      set_smem(gdn_bwd_chunk_beside_kernel, bwd_smem_bytes(), 10);
+      launch_dependent(s, blocks, 512, bwd_smem_bytes(), gdn_bwd_chunk_beside_kernel, "gdn_bwd_chunk_beside_kernel", k);
+    } else {
+      gdn_bwd_chunk_kernel<<<blocks, 512, bwd_smem_bytes(), s>>>(k);
+      check_launch("gdn_bwd_chunk_kernel");
+    }
     pr.mark("bwd_chunk");
   }
   if (p.gate_fused && (io.dA_log || io.ddt_bias)) {

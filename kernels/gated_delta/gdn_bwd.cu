@@ -1027,6 +1027,26 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 // Persistent: one block per SM walks the groups (chunk, key head) in launch order, each group's
 // value heads in order (measured 0.025 ms faster than one block per item at 1x8192; an L2
 // prefetch of the next item's first slices during the WY part gained nothing on top).
+//
+// Note [Beside the recompute] (gated_delta.cu): gdn_bwd_chunk_beside_kernel is the programmatic
+// dependent of gdn_rec16t_kernel and starts on the SMs the recompute leaves. Its blocks take
+// the groups by ticket, in chunk order (a block that starts late takes what is left), and run a
+// group once the recompute has published its chunk (p.ready), until thread 0 has seen every
+// recompute block finish (p.ready[-1] counts them). Thread 0 draws the next ticket after the
+// group. (Drawing it during the group's first item, under its copies, spilled registers inside
+// the V loop: bwd_chunk 0.05 ms slower even with nothing to wait for.)
+__device__ __forceinline__ bool published(const int* r, int full) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(r) : "memory");
+  return v >= full;
+}
+__device__ __forceinline__ void wait_published(const KParams& p, int64_t c) {
+  const int n = p.ctab[2 * c];
+  const int64_t cb = p.coff[n], last = p.coff[n + 1] - cb - 1, l = p.ctab[2 * c + 1];
+  const int* r = p.ready + cb + ((l | 7) < last ? (l | 7) : last);  // the count covering chunk c
+  while (!published(r, p.ready_full)) __nanosleep(256);
+}
+
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
   extern __shared__ __align__(1024) float sm[];
   const int64_t groups = p.NT * p.H;
@@ -1035,6 +1055,44 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p
     for (int j = 0; j < p.G; ++j) {
       bwd_chunk_item(p, sm, first + j, j);
       __syncthreads();  // the next item reuses the shared memory
+    }
+  }
+}
+
+// The same beside the recompute (Note [Beside the recompute]): groups by ticket (a kernel of its
+// own: one loop for both schedules slowed the launch-order one by 0.025 ms at 4x2048).
+__global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_beside_kernel(KParams p) {
+  extern __shared__ __align__(1024) float sm[];
+  __shared__ int64_t cur;  // the block's next group
+  __shared__ int all;      // thread 0 saw every recompute block finish
+  const int64_t groups = p.NT * p.H;
+  const auto next = [&](int64_t g) {  // thread 0: g, once its chunk is published
+    if (g < groups && !all) {
+      all = published(p.ready - 1, p.ready_blocks);
+      if (!all) wait_published(p, g / p.H);
+    }
+    cur = g;
+  };
+  int64_t gi = blockIdx.x;
+  // (p.ticket is always set here; the launch-order branches stay because with them ptxas spills
+  // 16 B in this kernel, without them 236 B)
+  if (p.ticket) {
+    if (threadIdx.x == 0) all = 0, next((int64_t)atomicAdd(p.ticket, 1ull));
+    __syncthreads();
+    gi = cur;
+  }
+  while (gi < groups) {
+    const int64_t first = (gi / p.H) * p.HV + (gi % p.H) * p.G;  // item (chunk, value head G h)
+    for (int j = 0; j < p.G; ++j) {
+      bwd_chunk_item(p, sm, first + j, j);
+      __syncthreads();  // the next item reuses the shared memory
+    }
+    if (p.ticket) {
+      if (threadIdx.x == 0) next((int64_t)atomicAdd(p.ticket, 1ull));
+      __syncthreads();
+      gi = cur;
+    } else {
+      gi += gridDim.x;
     }
   }
 }

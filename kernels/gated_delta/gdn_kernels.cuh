@@ -51,6 +51,14 @@ struct KParams {
                              // a key head's value-head group (fragment order, see bwd_chunk_item),
                              // then [blocks][2][C*C]: its group's K K^T and Q K^T fragments
   float* part;               // [NT,HV,2]
+  // bwd_chunk beside the recompute (Note [Beside the recompute], gated_delta.cu); null: off
+  int* ready;                // [NT] gdn_rec16t_kernel blocks that have published through chunk c
+                             // (counted at every 8th chunk of a sequence and at its last);
+                             // ready[-1]: the blocks that have finished
+  unsigned long long* ticket;  // bwd_chunk's next group
+  int ready_full;            // p.ready[c] when chunk c is published: blocks per sequence (HV * slices)
+  int ready_blocks;          // p.ready[-1] when every block has finished
+  const int* skip_if;        // gdn_rec16t_kernel: pairs flagged here were recomputed by the fallback
   // forward outputs
   void* o; int64_t o_st, o_sh;
   float* ht;

@@ -1116,8 +1116,21 @@ constexpr bool kRecProducers = true;
 constexpr bool kRecProducers = false;
 #endif
 constexpr int kRecThreads = kRecProducers ? 2 * kTThreads : kTThreads;
+// Note [Beside the recompute] (gated_delta.cu): with p.ready set, every block adds 1 to
+// p.ready[c] once its planes of chunk c are stored, at every 8th chunk of its sequence and at
+// the last (the step barrier, then one thread's fence and atomic: the pattern of a grid barrier),
+// and 1 to p.ready[-1] when it has finished.
+// bwd_chunk, the programmatic dependent, waits for p.ready[c] to count every block of the
+// sequence. A pair flagged in p.skip_if was recomputed by the bf16x2 fallback before this launch:
+// its blocks store nothing and publish every chunk at once.
+__device__ __forceinline__ void rec_publish(const KParams& p, int64_t c) {
+  __threadfence();
+  atomicAdd(p.ready + c, 1);
+}
 __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t_kernel(KParams p) {
 #if GDN_DH_WGMMA
+  // bwd_chunk may launch now, on the SMs this grid leaves (it waits on p.ready, never on the grid)
+  asm volatile("griddepcontrol.launch_dependents;");
   extern __shared__ __align__(128) unsigned char smraw0[];
   unsigned char* const smraw = smraw0 + ((1024u - (smem_u32(smraw0) & 1023u)) & 1023u);
   const SeqBlock sb = seq_block(p, blockIdx.x, kTNS);
@@ -1127,6 +1140,14 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
   const int v0 = vs * kTV, j0 = 16 * warp;
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
+  if (p.skip_if && p.skip_if[n * p.HV + hv]) {  // (uniform over the block)
+    if (p.ready && tid == 0) {
+      for (int64_t c = c_beg; c < c_end; ++c)
+        if (((c - c_beg) & 7) == 7 || c == c_end - 1) rec_publish(p, c);
+      rec_publish(p, -1);
+    }
+    return;
+  }
   // chunk c's operands into buffer c & 1 (thread index ltid of the copying threads), committed
   const auto load = [&](int64_t c, int ltid) {
     if (c < c_end) rec_load(rbuf(smraw, (int)(c & 1)), p, h, hv, v0, chunk_geo(c, c_beg, bos, eos), ltid);
@@ -1153,6 +1174,7 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
       wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
     }
     step_barrier<kRecProducers>();  // chunk c's operands landed; everyone is done with chunk c-1's buffer
+    if (p.ready && tid == 0 && c > c_beg && ((c - 1 - c_beg) & 7) == 7) rec_publish(p, c - 1);
     if (!kRecProducers) load(c + 1, tid);
     store_planes_t<16>(p.hs + slice_planes(c, p.HV, hv, vsl, DK), st, cw, lane, stage);  // S entering c
     // X^T = S^T K^T: A = S^T's hi and lo fragments (k-block kk: n8 tiles 2kk, 2kk+1 of the state)
@@ -1221,6 +1243,13 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
     wg::pin(st);
   }
   cp_async_wait<0>();
+  if (p.ready) {  // the last chunk: the compute warps' stores, then one publication; then finished
+    asm volatile("bar.sync 1, %0;" ::"n"(kTThreads) : "memory");
+    if (tid == 0) {
+      if (c_end > c_beg) rec_publish(p, c_end - 1);
+      rec_publish(p, -1);
+    }
+  }
 #else
   __trap();  // (launched only where rec16t_runs(): gdn_backward)
 #endif
