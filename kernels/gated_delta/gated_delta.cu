@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -62,8 +63,9 @@ int64_t bwd_chunk_slots(const GdnProblem& p) {
   return groups < kMaxBwdChunkBlocks ? groups : kMaxBwdChunkBlocks;
 }
 
-// Note [Beside the recompute] (gdn_backward): bwd_chunk's ticket (8 bytes), the recompute's count of
-// finished blocks (ready[-1]), then its per-chunk counts ready[NT]
+// Note [Beside the recompute] (gdn_backward): bwd_chunk's ticket (8 bytes), the reverse pass's count
+// of finished blocks (dh_done), the recompute's (ready[-1]), then its per-chunk and key head
+// counts ready[NT,H]
 constexpr size_t kSyncHead = 16;
 
 struct Layout {
@@ -99,7 +101,7 @@ Layout layout(const GdnProblem& p) {
   // (then each block's gram slot: K K^T and Q K^T of its current group, 2 x C x C floats)
   l.gacc = take((size_t)bwd_chunk_slots(p) * (2 * C * DK + 2 * C * C) * f);
   l.part = take(NT * HV * 2 * f);
-  l.sync = take(kSyncHead + NT * sizeof(int32_t));  // bwd_chunk's ticket, the finished count, ready[NT]
+  l.sync = take(kSyncHead + NT * H * sizeof(int32_t));  // bwd_chunk's ticket, dh_done, the finished count, ready[NT,H]
   l.total_bwd = off;
   return l;
 }
@@ -481,41 +483,65 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     }
     if (p.num_seqs > 0) {
       const int64_t blocks = p.num_seqs * p.HV * seq_t_slices();
+      // sm_90a: the recompute in the register-state form (v44), one block per 64-wide slice like
+      // the reverse pass, launched after it. Not beside it in general: the two share SMs badly. At
+      // 1x8192 (96 + 96 blocks) the pair took 1.08 ms when the recompute was the reverse pass's
+      // programmatic dependent (0.89 ms the other way round) and 0.85 ms one after the other,
+      // against 0.46 + 0.40 ms alone (session 19; the recompute's blocks then shared SMs two by
+      // two).
+      //
+      // Note [Beside the recompute]: where the recompute leaves SMs idle (fewer blocks than SMs:
+      // 96 of 132 at 1x8192), bwd_chunk is its programmatic dependent. Its blocks start on the idle
+      // SMs as soon as every recompute block has started, take the groups by ticket in chunk
+      // order, and run each once the recompute has published its chunk for the group's key head
+      // (every block of the key head's value heads has stored the chunk's planes: p.ready,
+      // counted at every 8th chunk). No deadlock: every block they wait for is already running.
+      // The flagged pairs' fallback runs first, and the two passes skip those pairs, so that
+      // nothing runs between them and bwd_chunk. (With no idle SM, 4x2048's 384 blocks, tickets
+      // gain nothing.)
+      //
+      // Note [The recompute beside the reverse pass]: at one sequence, the recompute is also the
+      // reverse pass's programmatic dependent: its first blocks, whole key heads' groups of value
+      // heads, run two per SM on the SMs the reverse pass leaves (12 key heads at 1x8192: 72
+      // blocks on 36 SMs), the rest as the reverse pass's blocks finish. bwd_chunk takes those
+      // early key heads' groups first (nothing to wait for once the reverse pass is done: it
+      // waits for every reverse pass block to count itself finished, p.dh_done), then the others
+      // in chunk order as above; so the SMs idle during the reverse pass do the recompute's work,
+      // and the recompute's late blocks leave more SMs to bwd_chunk. H200, 1x8192, kept prep:
+      // backward 1.85 -> 1.78 ms (one block per idle SM, 6 early key heads: 1.80; session 26).
+      const bool beside = rec16t_runs() && blocks < sm_count() && p.num_chunks > 0;
+      const int64_t per_head = (int64_t)(p.HV / p.H) * seq_t_slices();  // recompute blocks per key head
+      const int early = beside && p.num_seqs == 1 ? (int)std::min<int64_t>(2 * (sm_count() - blocks) / per_head, p.H - 1) : 0;
+      if (beside) {
+        k.run_if = k.f16_bad;
+        fallbacks();
+        report_fallback(io.fell_back, k, p, s);
+        fallbacks_done = true;
+        char* const sync = post + (l.sync - l.total_fwd);
+        check_cuda(cudaMemsetAsync(sync, 0, kSyncHead + (size_t)p.num_chunks * p.H * sizeof(int32_t), s), "cudaMemsetAsync");
+        k.ticket = reinterpret_cast<unsigned long long*>(sync);
+        k.ready = reinterpret_cast<int*>(sync + kSyncHead);
+        k.ready_full = (int)per_head;
+        k.ready_blocks = (int)blocks;
+        k.skip_if = k.f16_bad;
+        k.early_heads = early;
+        if (early > 0) {
+          k.dh_done = reinterpret_cast<int*>(sync + 8);
+          k.dh_blocks = (int)blocks;
+        }
+      }
       set_smem(gdn_dh16t_kernel, dh16t_smem_bytes(), 8);
       gdn_dh16t_kernel<<<grid1d(blocks, "dh"), dh16t_threads(), dh16t_smem_bytes(), s>>>(k);
       check_launch("gdn_dh16t_kernel");
       if (rec16t_runs()) {
-        // sm_90a: the recompute in the register-state form (v44), one block per 64-wide slice like
-        // the reverse pass, launched after it. Not beside it: the two share SMs badly. At 1x8192
-        // (96 + 96 blocks) the pair took 1.08 ms when the recompute was the reverse pass's
-        // programmatic dependent (0.89 ms the other way round) and 0.85 ms one after the other,
-        // against 0.46 + 0.40 ms alone (session 19).
-        //
-        // Note [Beside the recompute]: where the recompute leaves SMs idle (fewer blocks than
-        // SMs: 96 of 132 at 1x8192), bwd_chunk is its programmatic dependent. Its blocks start on
-        // the idle SMs as soon as every recompute block has started, take the groups by ticket in
-        // chunk order, and run each once the recompute has published its chunk (every block of
-        // the sequence has stored the chunk's planes: p.ready, counted at every 8th chunk). No
-        // deadlock: every block they wait for is already running. The flagged pairs' fallback
-        // runs before the recompute instead of after it (it overwrites what the reverse pass
-        // wrote for them), and the recompute skips those pairs, so that bwd_chunk can follow it
-        // directly. (With no idle SM, 4x2048's 384 blocks, tickets gain nothing.)
-        if (blocks < sm_count() && p.num_chunks > 0) {
-          k.run_if = k.f16_bad;
-          fallbacks();
-          report_fallback(io.fell_back, k, p, s);
-          fallbacks_done = true;
-          char* const sync = post + (l.sync - l.total_fwd);
-          check_cuda(cudaMemsetAsync(sync, 0, kSyncHead + (size_t)p.num_chunks * sizeof(int32_t), s), "cudaMemsetAsync");
-          k.ticket = reinterpret_cast<unsigned long long*>(sync);
-          k.ready = reinterpret_cast<int*>(sync + kSyncHead);
-          k.ready_full = (int)(p.HV * seq_t_slices());
-          k.ready_blocks = (int)blocks;
-          k.skip_if = k.f16_bad;
-        }
         set_smem(gdn_rec16t_kernel, rec16t_smem_bytes(), 9);
-        gdn_rec16t_kernel<<<grid1d(blocks, "state"), rec16t_threads(), rec16t_smem_bytes(), s>>>(k);
-        check_launch("gdn_rec16t_kernel");
+        if (early > 0) {
+          launch_dependent(s, grid1d(blocks, "state"), rec16t_threads(), rec16t_smem_bytes(), gdn_rec16t_kernel,
+                           "gdn_rec16t_kernel", k);
+        } else {
+          gdn_rec16t_kernel<<<grid1d(blocks, "state"), rec16t_threads(), rec16t_smem_bytes(), s>>>(k);
+          check_launch("gdn_rec16t_kernel");
+        }
       } else {
         // The bf16x2 recompute (256 threads per 32-wide slice) as the reverse pass's programmatic
         // dependent: its blocks fill the SM room the reverse pass leaves (session 18, H200, before

@@ -1040,11 +1040,25 @@ __device__ __forceinline__ bool published(const int* r, int full) {
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(r) : "memory");
   return v >= full;
 }
-__device__ __forceinline__ void wait_published(const KParams& p, int64_t c) {
+// (group g = c * H + h; its count is that of the publishing chunk, up to 7 chunks after c: no
+// 64-bit product or remainder, which made ptxas spill inside the items)
+__device__ __forceinline__ void wait_published(const KParams& p, int64_t c, int64_t g) {
   const int n = p.ctab[2 * c];
   const int64_t cb = p.coff[n], last = p.coff[n + 1] - cb - 1, l = p.ctab[2 * c + 1];
-  const int* r = p.ready + cb + ((l | 7) < last ? (l | 7) : last);  // the count covering chunk c
+  const int ahead = (int)(((l | 7) < last ? (l | 7) : last) - l);  // chunks to the count covering chunk c
+  const int* r = p.ready + g + ahead * p.H;
   while (!published(r, p.ready_full)) __nanosleep(256);
+}
+// The group (chunk-major index c * H + h) of ticket t: the early key heads' groups first, head by
+// head in chunk order (Note [The recompute beside the reverse pass]), then the others in chunk
+// order; NT * H and beyond: none left. (32-bit: the host sets early_heads only where NT * H and
+// the tickets drawn beyond it fit; 64-bit divisions here made ptxas spill inside the items.)
+__device__ __forceinline__ int64_t ticket_group(const KParams& p, int64_t t) {
+  if (p.early_heads == 0) return t;
+  const uint32_t u = (uint32_t)t, nt = (uint32_t)p.NT, e = (uint32_t)p.early_heads * nt, late = p.H - p.early_heads;
+  if (u < e) return (int64_t)((u % nt) * p.H + u / nt);
+  const uint32_t v = u - e;
+  return (int64_t)((v / late) * p.H + p.early_heads + v % late);
 }
 
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
@@ -1066,10 +1080,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_beside_kernel(KP
   __shared__ int64_t cur;  // the block's next group
   __shared__ int all;      // thread 0 saw every recompute block finish
   const int64_t groups = p.NT * p.H;
-  const auto next = [&](int64_t g) {  // thread 0: g, once its chunk is published
+  const auto next = [&](int64_t t) {  // thread 0: ticket t's group, once its chunk is published
+    const int64_t g = ticket_group(p, t);
     if (g < groups && !all) {
       all = published(p.ready - 1, p.ready_blocks);
-      if (!all) wait_published(p, g / p.H);
+      if (!all) wait_published(p, g / p.H, g);
     }
     cur = g;
   };
@@ -1077,7 +1092,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_beside_kernel(KP
   // (p.ticket is always set here; the launch-order branches stay because with them ptxas spills
   // 16 B in this kernel, without them 236 B)
   if (p.ticket) {
-    if (threadIdx.x == 0) all = 0, next((int64_t)atomicAdd(p.ticket, 1ull));
+    if (threadIdx.x == 0) {
+      if (p.dh_done)  // every reverse pass block has finished
+        while (!published(p.dh_done, p.dh_blocks)) __nanosleep(256);
+      all = 0, next((int64_t)atomicAdd(p.ticket, 1ull));
+    }
     __syncthreads();
     gi = cur;
   }

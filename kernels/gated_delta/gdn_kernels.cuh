@@ -52,13 +52,20 @@ struct KParams {
                              // then [blocks][2][C*C]: its group's K K^T and Q K^T fragments
   float* part;               // [NT,HV,2]
   // bwd_chunk beside the recompute (Note [Beside the recompute], gated_delta.cu); null: off
-  int* ready;                // [NT] gdn_rec16t_kernel blocks that have published through chunk c
-                             // (counted at every 8th chunk of a sequence and at its last);
-                             // ready[-1]: the blocks that have finished
+  int* ready;                // [NT,H] gdn_rec16t_kernel blocks of key head h's value heads that
+                             // have published through chunk c (counted at every 8th chunk of a
+                             // sequence and at its last); ready[-1]: the blocks that have finished
   unsigned long long* ticket;  // bwd_chunk's next group
-  int ready_full;            // p.ready[c] when chunk c is published: blocks per sequence (HV * slices)
+  int ready_full;            // p.ready[c*H+h] when published: blocks per key head (G * slices)
   int ready_blocks;          // p.ready[-1] when every block has finished
-  const int* skip_if;        // gdn_rec16t_kernel: pairs flagged here were recomputed by the fallback
+  const int* skip_if;        // gdn_rec16t_kernel (and gdn_dh16t_kernel when the recompute starts
+                             // beside it): pairs flagged here were redone by the fallback before
+  // Note [The recompute beside the reverse pass] (gated_delta.cu): bwd_chunk's groups of key
+  // heads 0..early_heads-1 come first (all their chunks), and it starts only once every reverse
+  // pass block has finished (dh_done counts them, up to dh_blocks); dh_done null: not counted
+  int* dh_done;
+  int dh_blocks;
+  int early_heads;
   // forward outputs
   void* o; int64_t o_st, o_sh;
   float* ht;

@@ -833,6 +833,16 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
   const int v0 = vs * kTV, j0 = 16 * warp;
   const int64_t bos = p.cu[n], eos = p.cu[n + 1];
   const int64_t c_beg = p.coff[n], c_end = p.coff[n + 1];
+  // Note [The recompute beside the reverse pass] (gated_delta.cu): the flagged pairs were redone
+  // by the fallback before this launch; every block counts itself finished in p.dh_done
+  const auto finished = [&] {
+    __threadfence();
+    atomicAdd(p.dh_done, 1);
+  };
+  if (p.skip_if && p.skip_if[n * p.HV + hv]) {  // (uniform over the block)
+    if (p.dh_done && tid == 0) finished();
+    return;
+  }
   // step c's copies: chunk c-1's operands, into the other buffer
   const auto copies = [&](int64_t c) {
     if (c > c_beg) t_load<kDh>(tbuf<kDh>(smraw, (int)((c - 1) & 1)), p, h, hv, v0, chunk_geo(c - 1, c_beg, bos, eos), ptid);
@@ -1035,6 +1045,10 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
   }
   cp_async_wait<0>();
   if (p.dh0) state_t_store(p.dh0 + (n * p.HV + hv) * KV + v0 + j0, st, lane);
+  if (p.dh_done) {  // the compute warps' stores, then one count (the pattern of a grid barrier)
+    asm volatile("bar.sync 1, %0;" ::"n"(kTThreads) : "memory");
+    if (tid == 0) finished();
+  }
 }
 
 // ---- The backward's state recompute in the transposed register-state form, on bf16x2 wgmma
@@ -1123,9 +1137,9 @@ constexpr int kRecThreads = kRecProducers ? 2 * kTThreads : kTThreads;
 // bwd_chunk, the programmatic dependent, waits for p.ready[c] to count every block of the
 // sequence. A pair flagged in p.skip_if was recomputed by the bf16x2 fallback before this launch:
 // its blocks store nothing and publish every chunk at once.
-__device__ __forceinline__ void rec_publish(const KParams& p, int64_t c) {
+__device__ __forceinline__ void rec_publish(const KParams& p, int64_t c, int h) {
   __threadfence();
-  atomicAdd(p.ready + c, 1);
+  atomicAdd(p.ready + (c < 0 ? c : c * p.H + h), 1);
 }
 __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t_kernel(KParams p) {
 #if GDN_DH_WGMMA
@@ -1143,8 +1157,8 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
   if (p.skip_if && p.skip_if[n * p.HV + hv]) {  // (uniform over the block)
     if (p.ready && tid == 0) {
       for (int64_t c = c_beg; c < c_end; ++c)
-        if (((c - c_beg) & 7) == 7 || c == c_end - 1) rec_publish(p, c);
-      rec_publish(p, -1);
+        if (((c - c_beg) & 7) == 7 || c == c_end - 1) rec_publish(p, c, h);
+      rec_publish(p, -1, h);
     }
     return;
   }
@@ -1174,7 +1188,7 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
       wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
     }
     step_barrier<kRecProducers>();  // chunk c's operands landed; everyone is done with chunk c-1's buffer
-    if (p.ready && tid == 0 && c > c_beg && ((c - 1 - c_beg) & 7) == 7) rec_publish(p, c - 1);
+    if (p.ready && tid == 0 && c > c_beg && ((c - 1 - c_beg) & 7) == 7) rec_publish(p, c - 1, h);
     if (!kRecProducers) load(c + 1, tid);
     store_planes_t<16>(p.hs + slice_planes(c, p.HV, hv, vsl, DK), st, cw, lane, stage);  // S entering c
     // X^T = S^T K^T: A = S^T's hi and lo fragments (k-block kk: n8 tiles 2kk, 2kk+1 of the state)
@@ -1246,8 +1260,8 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
   if (p.ready) {  // the last chunk: the compute warps' stores, then one publication; then finished
     asm volatile("bar.sync 1, %0;" ::"n"(kTThreads) : "memory");
     if (tid == 0) {
-      if (c_end > c_beg) rec_publish(p, c_end - 1);
-      rec_publish(p, -1);
+      if (c_end > c_beg) rec_publish(p, c_end - 1, h);
+      rec_publish(p, -1, h);
     }
   }
 #else

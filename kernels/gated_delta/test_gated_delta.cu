@@ -565,7 +565,17 @@ int main() {
   // gradient rows with element stores (sanitizers too)
   { Case c; c.name = "quick_grad_rows_scalar"; c.lens = {1, 65, 130}; c.H = 1; c.HV = 3; c.l2 = true; c.gpad = 1;
     c.grad = DType::BF16; add(c); }
+  // one sequence of several key heads: on sm_90a the recompute starts beside the reverse pass and
+  // bwd_chunk takes the first key heads' groups first (Note [The recompute beside the reverse
+  // pass] in gated_delta.cu; sanitizers too)
+  { Case c; c.name = "quick_one_seq_early_heads"; c.lens = {700}; c.H = 4; c.HV = 8;
+    c.l2 = c.gate_fused = c.beta_sigmoid = c.h0 = c.dht = true; add(c); }
   if (!quick) {
+    { Case c; c.name = "one_seq_early_heads_strong"; c.lens = {2500}; c.H = 3; c.HV = 9; c.gate_kind = 2; c.l2 = true;
+      c.dht = true; add(c); }
+    // ... with every pair flagged: both passes skip them, the fallback runs first
+    { Case c; c.name = "one_seq_fallback_tiny_qk"; c.lens = {700}; c.H = 2; c.HV = 4; c.l2 = true; c.gate_fused = true;
+      c.dht = true; c.qk_scale = 0x1p-16f; c.want_fallback = c.want_bwd_fallback = true; add(c); }
     for (int L : {1, 2, 3, 63, 64, 65, 127, 200}) {
       Case c; c.name = "single_L" + std::to_string(L); c.lens = {L}; c.H = 1; c.HV = 1; add(c);
     }
