@@ -511,7 +511,10 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
       // backward 1.85 -> 1.78 ms (one block per idle SM, 6 early key heads: 1.80; session 26).
       const bool beside = rec16t_runs() && blocks < sm_count() && p.num_chunks > 0;
       const int64_t per_head = (int64_t)(p.HV / p.H) * seq_t_slices();  // recompute blocks per key head
-      const int early = beside && p.num_seqs == 1 ? (int)std::min<int64_t>(2 * (sm_count() - blocks) / per_head, p.H - 1) : 0;
+      // (bwd_chunk maps tickets to groups in 32-bit arithmetic then: at most 2^30 groups)
+      const int early = beside && p.num_seqs == 1 && p.num_chunks * p.H < (int64_t(1) << 30)
+                            ? (int)std::min<int64_t>(2 * (sm_count() - blocks) / per_head, p.H - 1)
+                            : 0;
       if (beside) {
         k.run_if = k.f16_bad;
         fallbacks();

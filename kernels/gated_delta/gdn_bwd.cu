@@ -1051,8 +1051,9 @@ __device__ __forceinline__ void wait_published(const KParams& p, int64_t c, int6
 }
 // The group (chunk-major index c * H + h) of ticket t: the early key heads' groups first, head by
 // head in chunk order (Note [The recompute beside the reverse pass]), then the others in chunk
-// order; NT * H and beyond: none left. (32-bit: the host sets early_heads only where NT * H and
-// the tickets drawn beyond it fit; 64-bit divisions here made ptxas spill inside the items.)
+// order; NT * H and beyond: none left. (32-bit: the host sets early_heads only below 2^30 groups,
+// so the tickets drawn beyond them and these products fit; 64-bit divisions here made ptxas spill
+// inside the items.)
 __device__ __forceinline__ int64_t ticket_group(const KParams& p, int64_t t) {
   if (p.early_heads == 0) return t;
   const uint32_t u = (uint32_t)t, nt = (uint32_t)p.NT, e = (uint32_t)p.early_heads * nt, late = p.H - p.early_heads;

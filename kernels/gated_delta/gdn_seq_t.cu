@@ -1131,11 +1131,11 @@ constexpr bool kRecProducers = false;
 #endif
 constexpr int kRecThreads = kRecProducers ? 2 * kTThreads : kTThreads;
 // Note [Beside the recompute] (gated_delta.cu): with p.ready set, every block adds 1 to
-// p.ready[c] once its planes of chunk c are stored, at every 8th chunk of its sequence and at
-// the last (the step barrier, then one thread's fence and atomic: the pattern of a grid barrier),
-// and 1 to p.ready[-1] when it has finished.
-// bwd_chunk, the programmatic dependent, waits for p.ready[c] to count every block of the
-// sequence. A pair flagged in p.skip_if was recomputed by the bf16x2 fallback before this launch:
+// p.ready[c * H + h] (h: its key head) once its planes of chunk c are stored, at every 8th chunk
+// of its sequence and at the last (the step barrier, then one thread's fence and atomic: the
+// pattern of a grid barrier), and 1 to p.ready[-1] when it has finished.
+// bwd_chunk, the programmatic dependent, waits for p.ready[c * H + h] to count every block of
+// the key head's value heads. A pair flagged in p.skip_if was recomputed by the bf16x2 fallback before this launch:
 // its blocks store nothing and publish every chunk at once.
 __device__ __forceinline__ void rec_publish(const KParams& p, int64_t c, int h) {
   __threadfence();
