@@ -1049,15 +1049,16 @@ __device__ __forceinline__ void wait_published(const KParams& p, int64_t c, int6
   const int* r = p.ready + g + ahead * p.H;
   while (!published(r, p.ready_full)) __nanosleep(256);
 }
-// The group (chunk-major index c * H + h) of ticket t: the early key heads' groups first, head by
-// head in chunk order (Note [The recompute beside the reverse pass]), then the others in chunk
-// order; NT * H and beyond: none left. (32-bit: the host sets early_heads only below 2^30 groups,
+// The group (chunk-major index c * H + h) of ticket t: the early key heads' groups first, in chunk
+// order (Note [The recompute beside the reverse pass]: their recompute blocks share SMs and
+// publish slowly, at the same pace for every early key head), then the others in chunk order; NT *
+// H and beyond: none left. (32-bit: the host sets early_heads only below 2^30 groups,
 // so the tickets drawn beyond them and these products fit; 64-bit divisions here made ptxas spill
 // inside the items.)
 __device__ __forceinline__ int64_t ticket_group(const KParams& p, int64_t t) {
   if (p.early_heads == 0) return t;
   const uint32_t u = (uint32_t)t, nt = (uint32_t)p.NT, e = (uint32_t)p.early_heads * nt, late = p.H - p.early_heads;
-  if (u < e) return (int64_t)((u % nt) * p.H + u / nt);
+  if (u < e) return (int64_t)((u / p.early_heads) * p.H + u % p.early_heads);
   const uint32_t v = u - e;
   return (int64_t)((v / late) * p.H + p.early_heads + v % late);
 }
