@@ -67,6 +67,7 @@ int64_t bwd_chunk_slots(const GdnProblem& p) {
 // of finished blocks (dh_done), the recompute's (ready[-1]), then its per-chunk and key head
 // counts ready[NT,H]
 constexpr size_t kSyncHead = 16;
+size_t sync_bytes(const GdnProblem& p) { return kSyncHead + (size_t)p.num_chunks * p.H * sizeof(int32_t); }
 
 struct Layout {
   size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, gacc, part, sync, total_fwd, total_bwd;
@@ -101,7 +102,7 @@ Layout layout(const GdnProblem& p) {
   // (then each block's gram slot: K K^T and Q K^T of its current group, 2 x C x C floats)
   l.gacc = take((size_t)bwd_chunk_slots(p) * (2 * C * DK + 2 * C * C) * f);
   l.part = take(NT * HV * 2 * f);
-  l.sync = take(kSyncHead + NT * H * sizeof(int32_t));  // bwd_chunk's ticket, dh_done, the finished count, ready[NT,H]
+  l.sync = take(sync_bytes(p));  // bwd_chunk's ticket, dh_done, the finished count, ready[NT,H]
   l.total_bwd = off;
   return l;
 }
@@ -522,7 +523,7 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
         report_fallback(io.fell_back, k, p, s);
         fallbacks_done = true;
         char* const sync = post + (l.sync - l.total_fwd);
-        check_cuda(cudaMemsetAsync(sync, 0, kSyncHead + (size_t)p.num_chunks * p.H * sizeof(int32_t), s), "cudaMemsetAsync");
+        check_cuda(cudaMemsetAsync(sync, 0, sync_bytes(p), s), "cudaMemsetAsync");
         k.ticket = reinterpret_cast<unsigned long long*>(sync);
         k.ready = reinterpret_cast<int*>(sync + kSyncHead);
         k.ready_full = (int)per_head;
