@@ -56,21 +56,28 @@ struct FragQk {
 };
 constexpr int kQkF = C * DK;  // Kb and Qb (floats)
 constexpr int kDwF = C * DK;  // the dW hi/lo planes (floats)
-// post-loop view of the union (floats): KK, Pg, dT scratch; XpA, XpB plane pairs; dW planes; M1, G
-constexpr int kPostF = 3 * C * LDC + 2 * C * C + kDwF + 2 * C * LDC;
-// the redistribution of the V loop's accumulators (gdn_bwd_chunk's [4][16][4][32] float4) lies
-// below the dDelta planes, which dV still reads then
-constexpr int kRedistF = 4 * 16 * 4 * 32 * 4;
-constexpr int kDdOff = kRedistF;  // (floats; above the two slice buffers too)
-static_assert(kSliceEl <= kDdOff, "slice buffers below the dDelta planes");
+// Union offsets (floats). The V loop: the two slice buffers from 0, the dDelta planes at kDdOff.
+// Between them, from the prologue to phase 10, the group's K K^T and Q K^T (scaled, fragment order
+// [2][512] float4 each: every thread reads back only what it wrote itself or copied itself).
+// The redistribution of the V loop's accumulators (the 48 n8 tiles that change warpgroup, [48][4][32]
+// float4) lies in the slice buffers' place. The post-loop view: dT scratch, the XpA / XpB plane
+// pairs, the dW planes, the row / column partials (ep, ec) below the gram fragments, M1 and G above
+// them (where the dDelta planes were: dV is done by then).
+constexpr int kGramO = kSliceEl;           // (kSliceEl bf16 elements: the two slice buffers' floats)
+constexpr int kDdOff = kGramO + 2 * C * C;  // the dDelta planes
+constexpr int kRedistF = 48 * 4 * 32 * 4;
+static_assert(kRedistF <= kGramO, "the redistribution lies in the slice buffers' place");
+constexpr int kDtsO = 0, kXpO = kDtsO + C * LDC, kDwO = kXpO + 2 * C * C, kEpO = kDwO + kDwF;
+static_assert(kEpO + 8 * C <= kGramO, "dT scratch, XpA, XpB, dW planes, partials below the gram fragments");
+constexpr int kM1O = kDdOff, kGsO = kM1O + C * LDC, kPostF = kGsO + C * LDC;
 constexpr int kUnionA = kDdOff + kDdEl / 2;
 constexpr int kUnion = (kUnionA > kPostF) ? kUnionA : kPostF;
 constexpr int kBwdSmemF = kQkF + C * C + kUnion + 31 * C + 8;
 
 // wgmma operands with the 128-byte swizzle start on 1024-byte boundaries (the q/k tiles, T planes,
 // XpA, XpB, dW and dT planes); the 64-byte-swizzled slice planes on 512-byte ones.
-static_assert(kQkF * 4 % 1024 == 0 && (kQkF + C * C) * 4 % 1024 == 0 && 3 * C * LDC * 4 % 1024 == 0 &&
-                  (3 * C * LDC + 2 * C * C + kDwF) * 4 % 1024 == 0 && kSliceEl * 2 % 512 == 0 && SPL * 2 % 512 == 0 &&
+static_assert(kQkF * 4 % 1024 == 0 && (kQkF + C * C) * 4 % 1024 == 0 && kXpO * 4 % 1024 == 0 &&
+                  kDwO * 4 % 1024 == 0 && kM1O * 4 % 1024 == 0 && kSliceEl * 2 % 512 == 0 && SPL * 2 % 512 == 0 &&
                   kDdOff * 4 % 512 == 0 &&
                   CPL * 2 % 512 == 0,
               "operand alignment");
@@ -135,18 +142,19 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // V-loop view: two slice buffers, the dDelta planes of all slices
   __nv_bfloat16* const slice_buf = reinterpret_cast<__nv_bfloat16*>(U);
   __nv_bfloat16* const dDall = reinterpret_cast<__nv_bfloat16*>(U + kDdOff);  // [NVS][2][64][BV]
+  // the group's K K^T, Q K^T (fragment order, [2][kBwdThreads] float4 each)
+  float4* const KKf = reinterpret_cast<float4*>(U + kGramO) + threadIdx.x;
+  float4* const QKf = KKf + 2 * kBwdThreads;
   // post-loop view
-  float* KKs = U;                // [C][LDC]
-  float* Pgs = KKs + C * LDC;
-  float* dTs = Pgs + C * LDC;
+  float* dTs = U + kDtsO;        // [C][LDC]
   // [2][64][64] swizzled bf16 hi/lo plane pairs of the WY part: Pg diag(rsK), then M1;
   // diag(rsQ) Pg, then Gsym diag(rsK)
-  __nv_bfloat16* XpA = reinterpret_cast<__nv_bfloat16*>(dTs + C * LDC);
+  __nv_bfloat16* XpA = reinterpret_cast<__nv_bfloat16*>(U + kXpO);
   __nv_bfloat16* XpB = XpA + 2 * C * C;
-  __nv_bfloat16* dWp = XpB + 2 * C * C;  // [2][C][DK] hi/lo planes of dW (Qk128)
-  float* M1s = reinterpret_cast<float*>(dWp + 2 * C * DK);  // [C][LDC] (holds the dT planes)
+  __nv_bfloat16* dWp = reinterpret_cast<__nv_bfloat16*>(U + kDwO);  // [2][C][DK] hi/lo planes of dW (Qk128)
+  float* M1s = U + kM1O;         // [C][LDC] (holds the dT planes)
   __nv_bfloat16* dTp = reinterpret_cast<__nv_bfloat16*>(M1s);
-  float* Gs = M1s + C * LDC;     // [C][LDC]
+  float* Gs = U + kGsO;          // [C][LDC]
   float* gam = U + kUnion;
   float* bet = gam + C;
   float* dbp = bet + C;          // [4][C] dbeta partials
@@ -279,6 +287,19 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       for (int j = 0; j < 8; ++j) d[j] = rb < L ? src[rb * sst + c8 + j] : z;
     }
   };
+  // K K^T and Q K^T (diag(rsX) X K^T diag(rsK), X = K, Q) depend on the key head only: the group's
+  // first value head forms them in its prologue, under slice 0's copies, and keeps them in the
+  // block's gram slot (after all dq/dk slots of p.gacc, fragment order) for the others, which copy
+  // them with slice 0. Either way they lie in KKf / QKf until phase 10. (v60 formed them once per
+  // group; until v73 in phase 6, the later value heads loading them there from L2.)
+  float4* const gslot = reinterpret_cast<float4*>(p.gacc + (int64_t)gridDim.x * 2 * C * DK) +
+                        (int64_t)blockIdx.x * 2 * (C * C / 4) + threadIdx.x;
+  {  // (unconditional: a branch on j > 0 here made ptxas spill 200 B; the first value head's copy
+     // goes to slice buffer 1 instead, which the V loop's first barrier frees, and is not read)
+    float4* const d = reinterpret_cast<float4*>(U + (j > 0 ? kGramO : kSliceEl / 2)) + threadIdx.x;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) cp_async16(d + n * kBwdThreads, gslot + n * kBwdThreads, 16);
+  }
   load_slice(0, slice_buf);
   {  // T hi/lo planes (for dV = T^T dDelta and the WY part)
     const __nv_bfloat16* tpg = p.Tp + (c * p.HV + hv) * (int64_t)(2 * C * C);
@@ -293,6 +314,34 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // 1.158 ms, backward 2.176 -> 2.170 ms at 1x8192 over three paired rounds, session 24). Only x
   // is kept: the factors formed here too (three arrays, the epilogue reading them) spilled 180 B.
   if (p.gate_fused && tid < L) gx[tid] = ld_any(p.a, p.a_dt, (t0 + tid) * p.a_st + hv) + p.dt_bias[hv];
+  if (j == 0) {
+    cp_async_wait<1>();  // the q/k tiles and their row scales (slice 0 still in flight)
+#if GDN_BWD_WGMMA
+    wg::fence_smem();
+#endif
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      const __nv_bfloat16* const Xb = w ? Qb : Kb;
+      float acc[2][4];
+      zero_acc(acc);
+#if GDN_BWD_WY
+      wy_mma_sync<0, 0, DK / 16, 0, 0>(acc, wg::k128(Xb, 0), wg::k128(Kb, 16 * wc));
+#else
+      mma_rows<2, DK>(acc, Xb, 16 * wr, Kb, 16 * wc, el);
+#endif
+      const float* const rsX = w ? rsQ : rsK;
+      const float rx[2] = {rsX[16 * wr + gq], rsX[16 * wr + gq + 8]};
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] *= rx[e >> 1] * rsK[16 * wc + 8 * n + 2 * tq + (e & 1)];
+        const float4 x = make_float4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
+        KKf[(2 * w + n) * kBwdThreads] = x;
+        if (p.G > 1) gslot[(2 * w + n) * kBwdThreads] = x;
+      }
+    }
+  }
 #pragma unroll 1
   for (int vs = 0; vs < NVS; ++vs) {
     // One barrier per slice: slice vs (and the q/k tiles, T planes) landed, and every reader of
@@ -506,20 +555,23 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // only columns change warpgroup), then warp (wr, wc) takes tiles 4wc.. of dQ, dKs, dW and
   // 2wc.. of PD, 8 + 2wc.. of dT. (Whole-warp float4 runs: no bank conflicts.)
   {
-    static_assert(kRedistF <= kDdOff, "the redistribution lies below the dDelta planes");
     float4* const R = reinterpret_cast<float4*>(U) + wr * 32 + lane;
+    // (product g's tile n at its rank among the 12 tiles g sends: the 48 fit in the slice buffers' place)
+    const auto rslot = [](int g, int n) {
+      return g * 12 + (g < 3 ? (n < 4 * g ? n : n - 4) : (n < 6 ? n : n < 14 ? n - 2 : n - 4));
+    };
     __syncthreads();  // every reader of the last slice's buffer is done
     // (the tiles a warpgroup keeps for itself stay in registers: 4 of its 16)
     const auto kept = [&](int n) { return wc < 3 ? n >> 2 == wc : (n & 7) >> 1 == 3; };
 #pragma unroll
     for (int n = 0; n < 16; ++n)
-      if (!kept(n)) R[(wc * 16 + n) * 128] = make_float4(vacc[n][0], vacc[n][1], vacc[n][2], vacc[n][3]);
+      if (!kept(n)) R[rslot(wc, n) * 128] = make_float4(vacc[n][0], vacc[n][1], vacc[n][2], vacc[n][3]);
     __syncthreads();
     const auto take = [&](float (&a)[4], int g, int tile, bool own, const float (&mine)[4]) {
       if (own) {
         a[0] = mine[0]; a[1] = mine[1]; a[2] = mine[2]; a[3] = mine[3];
       } else {
-        const float4 x = R[(g * 16 + tile) * 128];
+        const float4 x = R[rslot(g, tile) * 128];
         a[0] = x.x; a[1] = x.y; a[2] = x.z; a[3] = x.w;
       }
     };
@@ -587,43 +639,11 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   }
   __syncthreads();  // union free now
   GDN_PH(5);
-  // acc = diag(rsX) X K^T diag(rsK) at the lane's fragment positions (rows 16 wr + gq (+8), columns
-  // 16 wc + 8 n + 2 tq (+1)), from the raw tiles (exact products; scales applied after)
-  // K K^T and Q K^T depend on the key head only: the group's first value head forms them and keeps
-  // the fragments in the block's gram slot (after all dq/dk slots of p.gacc, fragment order: each
-  // thread reads back what it wrote, no barrier); the others read them back (v60 on the H200:
-  // backward 2.165 -> 2.126 ms at 1x8192, 1.934 -> 1.903 at 4x2048, three paired rounds).
-  const auto gram_acc = [&](const __nv_bfloat16* Xb, const float* rsX, float (&acc)[2][4], int which) {
-    float4* const gs = reinterpret_cast<float4*>(p.gacc + (int64_t)gridDim.x * 2 * C * DK) +
-                       ((int64_t)blockIdx.x * 2 + which) * (C * C / 4) + threadIdx.x;
-    if (j > 0) {
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const float4 x = gs[n * kBwdThreads];
-        acc[n][0] = x.x; acc[n][1] = x.y; acc[n][2] = x.z; acc[n][3] = x.w;
-      }
-      return;
-    }
-    zero_acc(acc);
-#if GDN_BWD_WY
-    wy_mma_sync<0, 0, DK / 16, 0, 0>(acc, wg::k128(Xb, 0), wg::k128(Kb, 16 * wc));
-#else
-    mma_rows<2, DK>(acc, Xb, 16 * wr, Kb, 16 * wc, el);
-#endif
-    const float rx[2] = {rsX[16 * wr + gq], rsX[16 * wr + gq + 8]};
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[n][e] *= rx[e >> 1] * rsK[16 * wc + 8 * n + 2 * tq + (e & 1)];
-    if (p.G > 1)
-#pragma unroll
-      for (int n = 0; n < 2; ++n) gs[n * kBwdThreads] = make_float4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
-  };
   // Per-row and per-column sums of a 64 x 64 fragment matrix (the lane's rows 16 wr + gq + 8 hh,
   // columns 16 wc + 8 n + 2 tq + u), reduced over the warp's lanes in a fixed order and stored as
   // partials by warp: rows into ep[wc][r], columns into ec[wr][c] (summed after the next barrier).
-  float* const ep = Pgs;  // (Pg's fp32 copy is gone: its region holds the partials)
-  float* const ec = Pgs + 4 * C;
+  float* const ep = U + kEpO;
+  float* const ec = ep + 4 * C;
   const auto frag_sums = [&](float (&rs)[2], float (&cs)[2][2]) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -646,11 +666,6 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #pragma unroll
         for (int u = 0; u < 2; ++u) ec[wr * C + 16 * wc + 8 * n + 2 * tq + u] = cs[n][u];
   };
-  const auto gram_k = [&](const __nv_bfloat16* Xb, const float* rsX, float* out) {
-    float acc[2][4];
-    gram_acc(Xb, rsX, acc, 0);
-    for_frag(acc, [&](int r, int j, float& x) { out[(16 * wr + r) * LDC + 16 * wc + j] = x; });
-  };
   for_frag(aT, [&](int r, int j, float& x) {
     r += 16 * wr;
     j += 16 * wc;
@@ -663,18 +678,18 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
       // (row 16 wr + gq + 8 hh, column 32 wc + 8 nn + 2 tq)
       put_pair<C * DK>(dWp, fq(gq + 8 * hh, nn * 8 + 2 * tq), -aW[nn][2 * hh], -aW[nn][2 * hh + 1]);
     }
-  // KK = K K^T, after the dT and dW stores (aT and aW are dead by then: spills 76 -> 60 B). (v57 on
-  // the H200: with the bge/bgk factors above 0.006 ms faster than v56 over six paired runs; either
-  // change alone was slower, by 0.03 and 0.02 ms: ptxas's schedule, not the work, decides here.)
-  gram_k(Kb, rsK, KKs);
   // Pg = s (dO Delta^T) .* Gamma (lower incl. diagonal, valid rows): bf16 planes of Pg diag(rsK)
   // (A of Pg K) and diag(rsQ) Pg (A^T of Pg^T Q), and the dgamma sums of E = Pg .* QK taken from
   // the fragments (QK = Q K^T at the same positions): row r's E_rj (j < r) and column r's E_ir
   // (i > r), the diagonal left out. (Until v55 Pg and QK went through shared memory as fp32 and 8
   // threads per row summed them: 3.5 % of bwd_chunk's stall samples, ncu session 22.)
   {
-    float qk[2][4];
-    gram_acc(Qb, rsQ, qk, 1);
+    float qk[2][4];  // (Q K^T at the lane's positions)
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const float4 x = QKf[n * kBwdThreads];
+      qk[n][0] = x.x; qk[n][1] = x.y; qk[n][2] = x.z; qk[n][3] = x.w;
+    }
     float rs[2] = {0.f, 0.f}, cs[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
     for_pairs<2>(16 * wr, 16 * wc, [&](int r, int j, int nn, int hh) {
       float v[2];
@@ -887,7 +902,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = 16 * wr + gq + 8 * hh, j = 16 * wc + 8 * n + 2 * tq;
-        const float2 kk = *reinterpret_cast<const float2*>(KKs + r * LDC + j);
+        const float4 k4 = KKf[n * kBwdThreads];
+        const float2 kk = hh ? make_float2(k4.z, k4.w) : make_float2(k4.x, k4.y);
         float g[2];
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
