@@ -290,32 +290,40 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // K K^T and Q K^T (diag(rsX) X K^T diag(rsK), X = K, Q) depend on the key head only: the group's
   // first value head forms them in its prologue, under slice 0's copies, and keeps them in the
   // block's gram slot (after all dq/dk slots of p.gacc, fragment order) for the others, which copy
-  // them with slice 0. Either way they lie in KKf / QKf until phase 10. (v60 formed them once per
-  // group; until v73 in phase 6, the later value heads loading them there from L2.)
+  // them in their prologue. Either way they lie in KKf / QKf until phase 10. (v60 formed them once
+  // per group; until v73 in phase 6, the later value heads loading them there from L2.)
   float4* const gslot = reinterpret_cast<float4*>(p.gacc + (int64_t)gridDim.x * 2 * C * DK) +
                         (int64_t)blockIdx.x * 2 * (C * C / 4) + threadIdx.x;
-  {  // (unconditional: a branch on j > 0 here made ptxas spill 200 B; the first value head's copy
-     // goes to slice buffer 1 instead, which the V loop's first barrier frees, and is not read)
-    float4* const d = reinterpret_cast<float4*>(U + (j > 0 ? kGramO : kSliceEl / 2)) + threadIdx.x;
-#pragma unroll
-    for (int n = 0; n < 4; ++n) cp_async16(d + n * kBwdThreads, gslot + n * kBwdThreads, 16);
-  }
   load_slice(0, slice_buf);
-  {  // T hi/lo planes (for dV = T^T dDelta and the WY part)
+  // The T hi/lo planes (for dV = T^T dDelta and the WY part) and the gram copies: on wgmma a
+  // group of their own, complete at the second slice's top (dV after the loop is their first
+  // reader), so that slice 0's wait covers only slice 0 (v78).
+  const auto load_t = [&] {
     const __nv_bfloat16* tpg = p.Tp + (c * p.HV + hv) * (int64_t)(2 * C * C);
     for (int v = tid; v < 2 * C * C / 8; v += kBwdThreads) {
       const int pl = v >> 9, r = (v >> 3) & 63, c8 = v & 7;
       cp_async16(Tpb + pl * C * C + swz<C>(r, c8 * 8), tpg + v * 8, 16);
     }
-  }
+  };
+#if !GDN_BWD_WGMMA
+  load_t();  // (the mma.sync form's dV runs in the V loop)
+#endif
   cp_async_commit();
+#if GDN_BWD_WGMMA
+  load_t();
+#endif
+  // (predicated, not branched: a branch on j > 0 here made ptxas spill 200 B)
+#pragma unroll
+  for (int n = 0; n < 4; ++n) cp_async16_if(KKf + n * kBwdThreads, gslot + n * kBwdThreads, j > 0);
+  cp_async_commit();
+  constexpr int kLate = 1;  // (cp.async groups after slice 0's: T planes / gram copies)
   // The fused gate's input x = a + dt_bias, read now (v63): the load of a waits under slice 0's
   // copies instead of at the item's end, where nothing hid it (fused config's bwd_chunk 1.170 ->
   // 1.158 ms, backward 2.176 -> 2.170 ms at 1x8192 over three paired rounds, session 24). Only x
   // is kept: the factors formed here too (three arrays, the epilogue reading them) spilled 180 B.
   if (p.gate_fused && tid < L) gx[tid] = ld_any(p.a, p.a_dt, (t0 + tid) * p.a_st + hv) + p.dt_bias[hv];
   if (j == 0) {
-    cp_async_wait<1>();  // the q/k tiles and their row scales (slice 0 still in flight)
+    cp_async_wait<1 + kLate>();  // the q/k tiles and their row scales (slice 0 still in flight)
 #if GDN_BWD_WGMMA
     wg::fence_smem();
 #endif
@@ -347,7 +355,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     // One barrier per slice: slice vs (and the q/k tiles, T planes) landed, and every reader of
     // the other buffer (slice vs - 1) is done; then slice vs + 1 loads into it during this one.
     // (The proxy fence comes with nothing in flight: it would wait for a pending copy too.)
-    cp_async_wait<0>();
+    // (slice 0: the T planes and the gram copies may still be in flight; complete at slice 1)
+    if (vs == 0) cp_async_wait<kLate>(); else cp_async_wait<0>();
 #if GDN_BWD_WGMMA
     wg::fence_smem();  // (for the wgmma reads of the planes)
 #endif

@@ -299,6 +299,14 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                "r"(src_bytes));
 }
+// The same, issued only where `on` (a predicated instruction, no branch: v78, where a branch
+// around the copies made ptxas spill in bwd_chunk)
+__device__ __forceinline__ void cp_async16_if(void* dst, const void* src, bool on) {
+  asm volatile(
+      "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q cp.async.cg.shared.global [%0], [%1], 16;\n\t}\n" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"((int)on));
+}
 // The same for data read once: L2 evicts it first (policy from l2_evict_first()).
 __device__ __forceinline__ void cp_async16_once(void* dst, const void* src, int src_bytes, uint64_t pol) {
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_u32(dst)), "l"(src),
