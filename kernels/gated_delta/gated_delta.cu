@@ -36,6 +36,7 @@ int rec16t_threads();
 cudaError_t rec16t_built(bool& built);
 __global__ void gdn_bwd_chunk_kernel(KParams p);
 __global__ void gdn_bwd_chunk_beside_kernel(KParams p);
+__global__ void gdn_bwd_chunk_split_kernel(KParams p);
 size_t seq_smem_bytes();
 size_t seq_smem_bytes_noq();
 size_t prep_smem_bytes();
@@ -65,12 +66,16 @@ int64_t bwd_chunk_slots(const GdnProblem& p) {
 
 // Note [Beside the recompute] (gdn_backward): bwd_chunk's ticket (8 bytes), the reverse pass's count
 // of finished blocks (dh_done), the recompute's (ready[-1]), then its per-chunk and key head
-// counts ready[NT,H]
+// counts ready[NT,H]; then the split groups' counts (Note [The split tail], gdn_bwd.cu: at most
+// one group per bwd_chunk block)
 constexpr size_t kSyncHead = 16;
-size_t sync_bytes(const GdnProblem& p) { return kSyncHead + (size_t)p.num_chunks * p.H * sizeof(int32_t); }
+size_t ready_bytes(const GdnProblem& p) { return (size_t)p.num_chunks * p.H * sizeof(int32_t); }
+size_t sync_bytes(const GdnProblem& p) {
+  return kSyncHead + ready_bytes(p) + (size_t)bwd_chunk_slots(p) * sizeof(int32_t);
+}
 
 struct Layout {
-  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, gacc, part, sync, total_fwd, total_bwd;
+  size_t rq, rk, gam, bet, Tp, Pp, kh, qh, fx, fq, dec, bad, hs, dhs, Dl, dDl, gacc, gsplit, part, sync, total_fwd, total_bwd;
 };
 
 Layout layout(const GdnProblem& p) {
@@ -101,6 +106,7 @@ Layout layout(const GdnProblem& p) {
   l.dDl = take(NT * HV * C * DV * planes);
   // (then each block's gram slot: K K^T and Q K^T of its current group, 2 x C x C floats)
   l.gacc = take((size_t)bwd_chunk_slots(p) * (2 * C * DK + 2 * C * C) * f);
+  l.gsplit = take((size_t)bwd_chunk_slots(p) * (HV / H) * 2 * C * DK * f);  // (Note [The split tail])
   l.part = take(NT * HV * 2 * f);
   l.sync = take(sync_bytes(p));  // bwd_chunk's ticket, dh_done, the finished count, ready[NT,H]
   l.total_bwd = off;
@@ -169,6 +175,8 @@ KParams make_params(const GdnProblem& p, void* pre, void* post, Role role) {
     k.dDl = reinterpret_cast<__nv_bfloat16*>(at(l.dDl));
     k.gacc = reinterpret_cast<float*>(at(l.gacc));
     k.part = reinterpret_cast<float*>(at(l.part));
+    k.gsplit = reinterpret_cast<float*>(at(l.gsplit));
+    k.gcnt = reinterpret_cast<int*>(at(l.sync) + kSyncHead + ready_bytes(p));
   }
   return k;
 }
@@ -571,12 +579,26 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     // by ticket beside the recompute (Note [Beside the recompute])
     const int64_t slots = bwd_chunk_slots(p);
     const unsigned blocks = grid1d(slots < sm_count() ? slots : sm_count(), "bwd_chunk");
+    // Note [The split tail] (gdn_bwd.cu): in launch order the last, partial round of groups runs
+    // as single items (all groups when there are fewer than SMs: their items then take more SMs)
+    const int64_t groups = p.num_chunks * p.H;
+    if (!k.ticket && p.HV / p.H > 1) {
+      k.split_groups = groups < sm_count() ? groups : groups % blocks;
+      if (k.split_groups > 0)
+        check_cuda(cudaMemsetAsync(k.gcnt, 0, (size_t)k.split_groups * sizeof(int32_t), s), "cudaMemsetAsync");
+    }
     if (k.ticket) {
       set_smem(gdn_bwd_chunk_beside_kernel, bwd_smem_bytes(), 10);
       launch_dependent(s, blocks, 512, bwd_smem_bytes(), gdn_bwd_chunk_beside_kernel, "gdn_bwd_chunk_beside_kernel", k);
     } else {
       gdn_bwd_chunk_kernel<<<blocks, 512, bwd_smem_bytes(), s>>>(k);
       check_launch("gdn_bwd_chunk_kernel");
+      if (k.split_groups > 0) {
+        set_smem(gdn_bwd_chunk_split_kernel, bwd_smem_bytes(), 11);
+        const int64_t items = k.split_groups * (p.HV / p.H);
+        launch_dependent(s, (unsigned)std::min<int64_t>(items, sm_count()), 512, bwd_smem_bytes(),
+                         gdn_bwd_chunk_split_kernel, "gdn_bwd_chunk_split_kernel", k);
+      }
     }
     pr.mark("bwd_chunk");
   }

@@ -133,7 +133,13 @@ __device__ __forceinline__ void put_pair(__nv_bfloat16* planes, int o, float x0,
 // gdn_bwd_chunk_kernel) and carries the running sums in its own slot of p.gacc, in fragment order,
 // so each thread reads back only what it wrote itself (no barrier) and the slot stays in L2.
 // After the last value head it applies the l2norm backward and stores dq, dk.
-__device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int64_t bid, int j) {
+//
+// kSplit (Note [The split tail]): the item is value head j of split group sg, alone in its block:
+// it loads the q/k tiles and forms K K^T, Q K^T itself, keeps its own dq, dk terms in the group's
+// partial slots (p.gsplit), and the group's last item to finish (p.gcnt) sums them in value-head
+// order and stores dq, dk.
+template <bool kSplit>
+__device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int64_t bid, int j, int64_t sg) {
   GDN_PH_START
   __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(sm);  // [C][DK] (Qk128)
   __nv_bfloat16* Qb = Kb + C * DK;
@@ -183,7 +189,8 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   const int wr = warp & 3, wc = warp >> 2;
 
   constexpr Qk128 el;
-  if (j == 0) load_qk_tiles<kBwdThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L, el);  // raw q/k (exact bf16) + l2norm scales (kept for the group)
+  const int jg = kSplit ? 0 : j;  // (the item's place in its block's run of the group)
+  if (jg == 0) load_qk_tiles<kBwdThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L, el);  // raw q/k (exact bf16) + l2norm scales (kept for the group)
   // normalised q/k values (raw x l2norm scale) for the row dots of the dgamma sums
   // (at the lane's accumulator positions of its 16 x 32 tile at (16 wr, 32 wc): tile-local r, cc)
   const FragQk fq(16 * wr, 32 * wc, gq, tq);
@@ -200,14 +207,15 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // (Measured on the H200: loading the sum earlier, into registers, spilled and cost 0.2 ms; adding
   // into a [T,H,K] scratch with red.global instead of this slot, 0.06 ms.)
   const auto slot = [&](int which) {  // (formed where used: a pointer live across the V loop spills)
-    return reinterpret_cast<float4*>(p.gacc) + ((int64_t)blockIdx.x * 2 + which) * (C * DK / 4) + threadIdx.x;
+    const int64_t i = kSplit ? (sg * p.G + j) * 2 + which : (int64_t)blockIdx.x * 2 + which;
+    return reinterpret_cast<float4*>(kSplit ? p.gsplit : p.gacc) + i * (C * DK / 4) + threadIdx.x;
   };
 #if !GDN_BWD_WY
   const auto carry = [&](float (&a)[4][4], int which, bool keep) {
     float4* const s = slot(which);
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
-      if (j > 0) {
+      if (jg > 0) {
         const float4 x = s[n * kBwdThreads];
         a[n][0] += x.x; a[n][1] += x.y; a[n][2] += x.z; a[n][3] += x.w;
       }
@@ -225,7 +233,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   const auto carry_add = [&](float (&a)[4][4], const float4 (&x)[4], int which, bool keep) {
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
-      if (j > 0) { a[n][0] += x[n].x; a[n][1] += x[n].y; a[n][2] += x[n].z; a[n][3] += x[n].w; }
+      if (jg > 0) { a[n][0] += x[n].x; a[n][1] += x[n].y; a[n][2] += x[n].z; a[n][3] += x[n].w; }
       if (keep) slot(which)[n * kBwdThreads] = make_float4(a[n][0], a[n][1], a[n][2], a[n][3]);
     }
   };
@@ -314,7 +322,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
 #endif
   // (predicated, not branched: a branch on j > 0 here made ptxas spill 200 B)
 #pragma unroll
-  for (int n = 0; n < 4; ++n) cp_async16_if(KKf + n * kBwdThreads, gslot + n * kBwdThreads, j > 0);
+  for (int n = 0; n < 4; ++n) cp_async16_if(KKf + n * kBwdThreads, gslot + n * kBwdThreads, jg > 0);
   cp_async_commit();
   constexpr int kLate = 1;  // (cp.async groups after slice 0's: T planes / gram copies)
   // The fused gate's input x = a + dt_bias, read now (v63): the load of a waits under slice 0's
@@ -322,7 +330,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   // 1.158 ms, backward 2.176 -> 2.170 ms at 1x8192 over three paired rounds, session 24). Only x
   // is kept: the factors formed here too (three arrays, the epilogue reading them) spilled 180 B.
   if (p.gate_fused && tid < L) gx[tid] = ld_any(p.a, p.a_dt, (t0 + tid) * p.a_st + hv) + p.dt_bias[hv];
-  if (j == 0) {
+  if (jg == 0) {
     cp_async_wait<1 + kLate>();  // the q/k tiles and their row scales (slice 0 still in flight)
 #if GDN_BWD_WGMMA
     wg::fence_smem();
@@ -346,7 +354,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
         for (int e = 0; e < 4; ++e) acc[n][e] *= rx[e >> 1] * rsK[16 * wc + 8 * n + 2 * tq + (e & 1)];
         const float4 x = make_float4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
         KKf[(2 * w + n) * kBwdThreads] = x;
-        if (p.G > 1) gslot[(2 * w + n) * kBwdThreads] = x;
+        if (!kSplit && p.G > 1) gslot[(2 * w + n) * kBwdThreads] = x;
       }
     }
   }
@@ -765,7 +773,7 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
   mma_planes64_raw<false>(aQ, XpA, 16 * wr, Kb, 32 * wc, el);
   carry(aQ, 0, true);
 #endif
-  if (j == p.G - 1 && p.l2norm) l2_dots(aQ, dotq, Qn);
+  if (!kSplit && j == p.G - 1 && p.l2norm) l2_dots(aQ, dotq, Qn);
 #if GDN_BWD_WY
   wg::wait<0>();
   wg::pin(aKs);
@@ -961,21 +969,55 @@ __device__ __forceinline__ void bwd_chunk_item(const KParams& p, float* sm, int6
     carry_load(sk, 1);
     wg::wait<0>();
     wg::pin(aKs);
-    carry_add(aKs, sk, 1, j < p.G - 1);
+    carry_add(aKs, sk, 1, kSplit || j < p.G - 1);
   }
 #else
   mma_planes64_raw<false>(aKs, XpB, 16 * wr, Kb, 32 * wc, el);
-  carry(aKs, 1, j < p.G - 1);
+  carry(aKs, 1, kSplit || j < p.G - 1);
 #endif
-  if (j == p.G - 1 && p.l2norm) l2_dots(aKs, dotk, Kn);
+  bool done = j == p.G - 1;  // the group's dq, dk are complete
+  if constexpr (kSplit) {
+    // this item's dq, dk terms are in the group's partial slots; the last of the group's items
+    // to count itself sums them (value-head order: the sums of the unsplit run, bit for bit,
+    // since each of its carries adds one term to the sum of those before, and + commutes)
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(p.gcnt + sg, 1) == p.G - 1;
+    __syncthreads();
+    done = last;
+    if (done) {
+      __threadfence();
+      const auto part = [&](int jj, int which) {
+        return reinterpret_cast<const float4*>(p.gsplit) + ((sg * p.G + jj) * 2 + which) * (C * DK / 4) + threadIdx.x;
+      };
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        float4 q = __ldcg(part(0, 0) + n * kBwdThreads), k = __ldcg(part(0, 1) + n * kBwdThreads);
+        for (int jj = 1; jj < p.G; ++jj) {
+          const float4 a = __ldcg(part(jj, 0) + n * kBwdThreads), b = __ldcg(part(jj, 1) + n * kBwdThreads);
+          q.x += a.x; q.y += a.y; q.z += a.z; q.w += a.w;
+          k.x += b.x; k.y += b.y; k.z += b.z; k.w += b.w;
+        }
+        aKs[n][0] = k.x; aKs[n][1] = k.y; aKs[n][2] = k.z; aKs[n][3] = k.w;
+        // (dq's sum where the unsplit run keeps it: the block's slot 0 is not this group's, so the
+        // store below reads it back from here)
+        aQ[n][0] = q.x; aQ[n][1] = q.y; aQ[n][2] = q.z; aQ[n][3] = q.w;
+      }
+      if (p.l2norm) l2_dots(aQ, dotq, Qn);
+    }
+  }
+  if (done && p.l2norm) l2_dots(aKs, dotk, Kn);
   __syncthreads();
-  if (j == p.G - 1) {  // the group's dq, dk are complete
+  if (done) {
     if (p.l2norm) l2_apply(aKs, dotk, rsK, Kn);
     store_grad_rows(p.dk, p.gdt, t0 * p.dk_st + (int64_t)h * p.dk_sh, p.dk_st, aKs, 16 * wr, 32 * wc, L, p.pair_dk);
+    if constexpr (!kSplit) {
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      const float4 x = slot(0)[n * kBwdThreads];
-      aQ[n][0] = x.x; aQ[n][1] = x.y; aQ[n][2] = x.z; aQ[n][3] = x.w;
+      for (int n = 0; n < 4; ++n) {
+        const float4 x = slot(0)[n * kBwdThreads];
+        aQ[n][0] = x.x; aQ[n][1] = x.y; aQ[n][2] = x.z; aQ[n][3] = x.w;
+      }
     }
     if (p.l2norm) l2_apply(aQ, dotq, rsQ, Qn);
     store_grad_rows(p.dq, p.gdt, t0 * p.dq_st + (int64_t)h * p.dq_sh, p.dq_st, aQ, 16 * wr, 32 * wc, L, p.pair_dq);
@@ -1088,15 +1130,41 @@ __device__ __forceinline__ int64_t ticket_group(const KParams& p, int64_t t) {
   return (int64_t)((v / late) * p.H + p.early_heads + v % late);
 }
 
+// Note [The split tail]
+// A block runs a group's value heads one after the other, so the launch-order kernel's last round
+// of groups (groups mod blocks of them) leaves the other SMs idle for a whole group: at 4x2048
+// (2048 groups on 132 SMs) 68 groups, three items each, while 64 SMs wait. Those groups (all
+// groups when there are fewer than SMs) therefore run as single items over all SMs, in a kernel
+// of their own (gdn_bwd_chunk_split_kernel): each item forms what its group's first value head
+// would (the q/k tiles, K K^T and Q K^T), keeps its dq, dk terms in the group's partial slots,
+// and the last to finish sums them in value-head order (bwd_chunk_item<true>). The sums equal
+// the unsplit run's bit for bit. The kernel is the programmatic dependent of this one, whose
+// blocks let it launch at once, so its blocks take each SM this one leaves. (In this kernel's
+// loop the split items made ptxas spill inside the whole groups' items.) H200, 4x2048: bwd_chunk
+// 1.100 -> 1.081 ms, kept backward 1.689-1.694 -> 1.679-1.683 ms (session 29). Not by ticket,
+// beside the recompute: splitting the last round of tickets made the backward at 1x8192 0.04-0.06
+// ms slower (its tail waits for the recompute's last chunks).
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
   extern __shared__ __align__(1024) float sm[];
-  const int64_t groups = p.NT * p.H;
-  for (int64_t gi = blockIdx.x; gi < groups; gi += gridDim.x) {
+  asm volatile("griddepcontrol.launch_dependents;");  // (the split items need nothing of this kernel)
+  const int64_t whole = p.NT * p.H - p.split_groups;
+  for (int64_t gi = blockIdx.x; gi < whole; gi += gridDim.x) {
     const int64_t first = (gi / p.H) * p.HV + (gi % p.H) * p.G;  // item (chunk, value head G h)
     for (int j = 0; j < p.G; ++j) {
-      bwd_chunk_item(p, sm, first + j, j);
+      bwd_chunk_item<false>(p, sm, first + j, j, 0);
       __syncthreads();  // the next item reuses the shared memory
     }
+  }
+}
+
+__global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_split_kernel(KParams p) {
+  extern __shared__ __align__(1024) float sm[];
+  const int64_t whole = p.NT * p.H - p.split_groups;
+  for (int64_t u = blockIdx.x; u < p.split_groups * p.G; u += gridDim.x) {
+    const int64_t sg = u / p.G, gi = whole + sg;
+    const int j = (int)(u - sg * p.G);
+    bwd_chunk_item<true>(p, sm, (gi / p.H) * p.HV + (gi % p.H) * p.G + j, j, sg);
+    __syncthreads();
   }
 }
 
@@ -1130,7 +1198,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_beside_kernel(KP
   while (gi < groups) {
     const int64_t first = (gi / p.H) * p.HV + (gi % p.H) * p.G;  // item (chunk, value head G h)
     for (int j = 0; j < p.G; ++j) {
-      bwd_chunk_item(p, sm, first + j, j);
+      bwd_chunk_item<false>(p, sm, first + j, j, 0);
       __syncthreads();  // the next item reuses the shared memory
     }
     if (p.ticket) {

@@ -51,6 +51,12 @@ struct KParams {
                              // a key head's value-head group (fragment order, see bwd_chunk_item),
                              // then [blocks][2][C*C]: its group's K K^T and Q K^T fragments
   float* part;               // [NT,HV,2]
+  // Note [The split tail] (gdn_bwd.cu): bwd_chunk's last split_groups groups run as single items;
+  // gsplit [split_groups][G][2][C*K] their dq, dk terms (fragment order), gcnt [split_groups] how
+  // many of a group's items have kept theirs (zero before bwd_chunk)
+  float* gsplit;
+  int* gcnt;
+  int64_t split_groups;
   // bwd_chunk beside the recompute (Note [Beside the recompute], gated_delta.cu); null: off
   int* ready;                // [NT,H] gdn_rec16t_kernel blocks of key head h's value heads that
                              // have published through chunk c (counted at every 8th chunk of a
