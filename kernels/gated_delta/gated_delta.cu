@@ -580,10 +580,14 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     const int64_t slots = bwd_chunk_slots(p);
     const unsigned blocks = grid1d(slots < sm_count() ? slots : sm_count(), "bwd_chunk");
     // Note [The split tail] (gdn_bwd.cu): in launch order the last, partial round of groups runs
-    // as single items (all groups when there are fewer than SMs: their items then take more SMs)
-    const int64_t groups = p.num_chunks * p.H;
-    if (!k.ticket && p.HV / p.H > 1) {
-      k.split_groups = groups < sm_count() ? groups : groups % blocks;
+    // as single items (all groups when there are fewer than SMs), where their rounds of items,
+    // each about 1.25 items long (every split item forms the group's q/k tiles and grams), end
+    // before a group of G items would
+    const int64_t groups = p.num_chunks * p.H, G = p.HV / p.H;
+    if (!k.ticket && G > 1) {
+      const int64_t r = groups < sm_count() ? groups : groups % blocks;
+      const int64_t rounds = (r * G + sm_count() - 1) / sm_count();
+      k.split_groups = 5 * rounds < 4 * G ? r : 0;
       if (k.split_groups > 0)
         check_cuda(cudaMemsetAsync(k.gcnt, 0, (size_t)k.split_groups * sizeof(int32_t), s), "cudaMemsetAsync");
     }
@@ -595,7 +599,7 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
       check_launch("gdn_bwd_chunk_kernel");
       if (k.split_groups > 0) {
         set_smem(gdn_bwd_chunk_split_kernel, bwd_smem_bytes(), 11);
-        const int64_t items = k.split_groups * (p.HV / p.H);
+        const int64_t items = k.split_groups * G;
         launch_dependent(s, (unsigned)std::min<int64_t>(items, sm_count()), 512, bwd_smem_bytes(),
                          gdn_bwd_chunk_split_kernel, "gdn_bwd_chunk_split_kernel", k);
       }

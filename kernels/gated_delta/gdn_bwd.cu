@@ -1133,17 +1133,19 @@ __device__ __forceinline__ int64_t ticket_group(const KParams& p, int64_t t) {
 // Note [The split tail]
 // A block runs a group's value heads one after the other, so the launch-order kernel's last round
 // of groups (groups mod blocks of them) leaves the other SMs idle for a whole group: at 4x2048
-// (2048 groups on 132 SMs) 68 groups, three items each, while 64 SMs wait. Those groups (all
-// groups when there are fewer than SMs) therefore run as single items over all SMs, in a kernel
-// of their own (gdn_bwd_chunk_split_kernel): each item forms what its group's first value head
-// would (the q/k tiles, K K^T and Q K^T), keeps its dq, dk terms in the group's partial slots,
-// and the last to finish sums them in value-head order (bwd_chunk_item<true>). The sums equal
-// the unsplit run's bit for bit. The kernel is the programmatic dependent of this one, whose
-// blocks let it launch at once, so its blocks take each SM this one leaves. (In this kernel's
-// loop the split items made ptxas spill inside the whole groups' items.) H200, 4x2048: bwd_chunk
-// 1.100 -> 1.081 ms, kept backward 1.689-1.694 -> 1.679-1.683 ms (session 29). Not by ticket,
-// beside the recompute: splitting the last round of tickets made the backward at 1x8192 0.04-0.06
-// ms slower (its tail waits for the recompute's last chunks).
+// (2048 groups on 132 SMs) 68 groups, three items each, while 64 SMs wait. Those groups (all groups
+// when there are fewer than SMs) therefore run as single items over all SMs where that ends sooner
+// (gdn_backward decides), in a kernel of their own (gdn_bwd_chunk_split_kernel): each item forms
+// what its group's first value head would (the q/k tiles, K K^T and Q K^T), keeps its dq, dk terms
+// in the group's partial slots, and the last to finish sums them in value-head order
+// (bwd_chunk_item<true>). The sums equal the unsplit run's bit for bit. The kernel is the
+// programmatic dependent of this one, whose blocks let it launch at once, so its blocks take each
+// SM this one leaves. (In this kernel's loop the split items made ptxas spill inside the whole
+// groups' items.) H200, 4x2048: bwd_chunk 1.100 -> 1.085 ms, kept backward 1.695-1.710 ->
+// 1.681-1.693 ms; lengths 300, 200, 100: 0.227 -> 0.202 ms; 4x512, where the split rounds would end
+// no sooner, unsplit (session 29). Not by ticket, beside the recompute: splitting the last round of
+// tickets made the backward at 1x8192 0.04-0.06 ms slower (its tail waits for the recompute's last
+// chunks).
 __global__ void __launch_bounds__(kBwdThreads, 1) gdn_bwd_chunk_kernel(KParams p) {
   extern __shared__ __align__(1024) float sm[];
   asm volatile("griddepcontrol.launch_dependents;");  // (the split items need nothing of this kernel)
