@@ -106,7 +106,8 @@ Layout layout(const GdnProblem& p) {
   l.dDl = take(NT * HV * C * DV * planes);
   // (then each block's gram slot: K K^T and Q K^T of its current group, 2 x C x C floats)
   l.gacc = take((size_t)bwd_chunk_slots(p) * (2 * C * DK + 2 * C * C) * f);
-  l.gsplit = take((size_t)bwd_chunk_slots(p) * (HV / H) * 2 * C * DK * f);  // (Note [The split tail])
+  // (the split groups' dq/dk terms, Note [The split tail]; none with one value head per key head)
+  l.gsplit = take(HV / H > 1 ? (size_t)bwd_chunk_slots(p) * (HV / H) * 2 * C * DK * f : 0);
   l.part = take(NT * HV * 2 * f);
   l.sync = take(sync_bytes(p));  // bwd_chunk's ticket, dh_done, the finished count, ready[NT,H]
   l.total_bwd = off;
