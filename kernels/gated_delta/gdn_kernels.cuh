@@ -184,11 +184,19 @@ __device__ __forceinline__ void load_qk_tiles(const KParams& p, __nv_bfloat16* K
 // path's prep wrote the same values). rsqrt(sum x^2 + 1e-6), two threads per row (interleaved
 // 16-byte pieces, then one shuffle: a fixed order). prep forms them here since v62: the tiles are
 // in shared memory anyway, and the separate pass over q and k (gdn_l2norm_rstd_kernel) took
-// 0.035 ms at 1x8192 in the forward and again in the backward. Visible after a barrier.
+// 0.035 ms at 1x8192 in the forward and again in the backward. Without the norm nothing is summed
+// (v62 summed the rows there too: 0.009 ms of the 1x8192 forward). Visible after a barrier.
 template <int NT>
 __device__ __forceinline__ void qk_row_scales(const KParams& p, const __nv_bfloat16* Kb, const __nv_bfloat16* Qb,
                                               float* rsK, float* rsQ, int64_t t0, int h, int L) {
   static_assert(NT % 64 == 0, "whole warps, two threads per row");
+  if (!p.l2norm) {  // (uniform over the block)
+    for (int v = threadIdx.x; v < 2 * C; v += NT) {
+      const int isq = v >= C, r = v - isq * C;
+      (isq ? rsQ : rsK)[r] = r < L ? 1.f : 0.f;
+    }
+    return;
+  }
   for (int v = threadIdx.x; v < 4 * C; v += NT) {
     const int row = v >> 1, half = v & 1, isq = row >= C, r = row - isq * C;
     const __nv_bfloat16* x = (isq ? Qb : Kb) + r * LDKB;
@@ -203,9 +211,9 @@ __device__ __forceinline__ void qk_row_scales(const KParams& p, const __nv_bfloa
     }
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     if (half == 0) {
-      const float rs = r < L ? (p.l2norm ? rsqrtf(s + 1e-6f) : 1.f) : 0.f;
+      const float rs = r < L ? rsqrtf(s + 1e-6f) : 0.f;
       (isq ? rsQ : rsK)[r] = rs;
-      if (p.l2norm && !p.run_if && r < L) (isq ? p.rq : p.rk)[(t0 + r) * p.H + h] = rs;
+      if (!p.run_if && r < L) (isq ? p.rq : p.rk)[(t0 + r) * p.H + h] = rs;
     }
   }
 }
