@@ -100,20 +100,24 @@ __device__ __forceinline__ void prep_group(const KParams& p, float* sm, int64_t 
   zero_acc(qk);
   mma_raw_rows<4, DK, LDKB>(kk, Kb, 16 * wr, Kb, 32 * wc);
   mma_raw_rows<4, DK, LDKB>(qk, Qb, 16 * wr, Kb, 32 * wc);
-  qk_row_scales<kPrepThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L);  // (read after the barrier below)
-  if (F16) {  // fp16 q/k rows of key head h (rows >= L are never read)
+  if (!F16 || !p.l2norm) qk_row_scales<kPrepThreads>(p, Kb, Qb, rsK, rsQ, t0, h, L);  // (read after the barrier below)
+  if (F16) {  // fp16 q/k rows of key head h (rows >= L are never read), and with the norm the row
+              // scales from the same reads (row_scale_piece; rows >= L of the tiles are zero)
+    static_assert(kQkPieces % kPrepThreads == 0, "uniform rounds: row_scale_piece shuffles");
     AbsMax m;
-    for (int v = tid; v < 2 * C * DK / 8; v += kPrepThreads) {
-      const int isq = v >= C * DK / 8, w = v - isq * (C * DK / 8), r = w >> 4, c8 = (w & 15) * 8;
+    for (int v = tid; v < kQkPieces; v += kPrepThreads) {
+      int isq, r, c8;
+      const uint4 u = *reinterpret_cast<const uint4*>(qk_piece(Kb, Qb, v, isq, r, c8));
+      if (p.l2norm) row_scale_piece(p, u, isq, r, rsK, rsQ, t0, h, L);
       if (r >= L) continue;
-      const __nv_bfloat16* src = (isq ? Qb : Kb) + r * LDKB + c8;
+      const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(&u);
       uint32_t out[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {  // raw values: exact in fp16 when the range check passes
-        const float x0 = __bfloat162float(src[2 * u]), x1 = __bfloat162float(src[2 * u + 1]);
+      for (int j = 0; j < 4; ++j) {  // raw values: exact in fp16 when the range check passes
+        const float x0 = __bfloat162float(src[2 * j]), x1 = __bfloat162float(src[2 * j + 1]);
         m.add(x0);
         m.add(x1);
-        out[u] = pack_h2(x0, x1);
+        out[j] = pack_h2(x0, x1);
       }
       __half* dst = static_cast<__half*>(isq ? p.qh : p.kh) + ((t0 + r) * p.H + h) * DK + c8;
       *reinterpret_cast<uint4*>(dst) = make_uint4(out[0], out[1], out[2], out[3]);

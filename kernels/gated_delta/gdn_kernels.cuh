@@ -181,15 +181,42 @@ __device__ __forceinline__ void load_qk_tiles(const KParams& p, __nv_bfloat16* K
 // The l2norm row scales of the q/k tiles that load_qk_tiles put in shared memory (its default
 // layout, after the wait and the barrier), into rsK / rsQ (1 without the norm, 0 beyond L), and,
 // with the norm, into p.rk / p.rq for the kernels after prep (not in a fallback launch: the fast
-// path's prep wrote the same values). rsqrt(sum x^2 + 1e-6), two threads per row (interleaved
-// 16-byte pieces, then one shuffle: a fixed order). prep forms them here since v62: the tiles are
-// in shared memory anyway, and the separate pass over q and k (gdn_l2norm_rstd_kernel) took
-// 0.035 ms at 1x8192 in the forward and again in the backward. Without the norm nothing is summed
-// (v62 summed the rows there too: 0.009 ms of the 1x8192 forward). Visible after a barrier.
+// path's prep wrote the same values). rsqrt(sum x^2 + 1e-6) over one 16-byte piece per lane, 16
+// lanes per row (2 * C * DK / 8 pieces: q's rows after k's), then a butterfly over the 16 lanes
+// whose first lane writes: a fixed order. prep forms them here since v62: the tiles are in shared
+// memory anyway, and the separate pass over q and k (gdn_l2norm_rstd_kernel) took 0.035 ms at
+// 1x8192 in the forward and again in the backward. The fast preps take the sums from the reads of
+// their fp16 copies (row_scale_piece in prep_group); without the norm nothing is summed (v62
+// summed the rows there too: 0.006 ms of the 1x8192 forward). Visible after a barrier.
+constexpr int kQkPieces = 2 * C * DK / 8;
+__device__ __forceinline__ const __nv_bfloat16* qk_piece(const __nv_bfloat16* Kb, const __nv_bfloat16* Qb, int v,
+                                                         int& isq, int& r, int& c8) {
+  isq = v >= kQkPieces / 2;
+  const int w = v - isq * (kQkPieces / 2);
+  r = w >> 4;
+  c8 = (w & 15) * 8;
+  return (isq ? Qb : Kb) + r * LDKB + c8;
+}
+// Piece v's part of its row's scale (every lane of the warp calls it, for pieces v = lane + 32 j).
+__device__ __forceinline__ void row_scale_piece(const KParams& p, uint4 u, int isq, int r, float* rsK, float* rsQ,
+                                                int64_t t0, int h, int L) {
+  float s = 0.f;
+  for (uint32_t w : {u.x, u.y, u.z, u.w}) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+    s += f.x * f.x + f.y * f.y;
+  }
+#pragma unroll
+  for (int o = 8; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 15) == 0) {
+    const float rs = r < L ? rsqrtf(s + 1e-6f) : 0.f;
+    (isq ? rsQ : rsK)[r] = rs;
+    if (!p.run_if && r < L) (isq ? p.rq : p.rk)[(t0 + r) * p.H + h] = rs;
+  }
+}
 template <int NT>
 __device__ __forceinline__ void qk_row_scales(const KParams& p, const __nv_bfloat16* Kb, const __nv_bfloat16* Qb,
                                               float* rsK, float* rsQ, int64_t t0, int h, int L) {
-  static_assert(NT % 64 == 0, "whole warps, two threads per row");
+  static_assert(kQkPieces % NT == 0 && NT % 32 == 0, "every lane of every warp takes a piece each round");
   if (!p.l2norm) {  // (uniform over the block)
     for (int v = threadIdx.x; v < 2 * C; v += NT) {
       const int isq = v >= C, r = v - isq * C;
@@ -197,24 +224,11 @@ __device__ __forceinline__ void qk_row_scales(const KParams& p, const __nv_bfloa
     }
     return;
   }
-  for (int v = threadIdx.x; v < 4 * C; v += NT) {
-    const int row = v >> 1, half = v & 1, isq = row >= C, r = row - isq * C;
-    const __nv_bfloat16* x = (isq ? Qb : Kb) + r * LDKB;
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < DK / 16; ++i) {
-      const uint4 u = *reinterpret_cast<const uint4*>(x + (2 * i + half) * 8);
-      for (uint32_t w : {u.x, u.y, u.z, u.w}) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
-        s += f.x * f.x + f.y * f.y;
-      }
-    }
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    if (half == 0) {
-      const float rs = r < L ? rsqrtf(s + 1e-6f) : 0.f;
-      (isq ? rsQ : rsK)[r] = rs;
-      if (!p.run_if && r < L) (isq ? p.rq : p.rk)[(t0 + r) * p.H + h] = rs;
-    }
+#pragma unroll 1  // (unrolled, the fallback prep spills: it holds the walk over groups as well)
+  for (int v = threadIdx.x; v < kQkPieces; v += NT) {
+    int isq, r, c8;
+    const uint4 u = *reinterpret_cast<const uint4*>(qk_piece(Kb, Qb, v, isq, r, c8));
+    row_scale_piece(p, u, isq, r, rsK, rsQ, t0, h, L);
   }
 }
 
