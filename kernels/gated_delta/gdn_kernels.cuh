@@ -189,6 +189,7 @@ __device__ __forceinline__ void load_qk_tiles(const KParams& p, __nv_bfloat16* K
 // their fp16 copies (row_scale_piece in prep_group); without the norm nothing is summed (v62
 // summed the rows there too: 0.006 ms of the 1x8192 forward). Visible after a barrier.
 constexpr int kQkPieces = 2 * C * DK / 8;
+static_assert(DK / 8 == 16, "16 pieces per row: qk_piece and the 16-lane butterfly");
 __device__ __forceinline__ const __nv_bfloat16* qk_piece(const __nv_bfloat16* Kb, const __nv_bfloat16* Qb, int v,
                                                          int& isq, int& r, int& c8) {
   isq = v >= kQkPieces / 2;
@@ -197,7 +198,8 @@ __device__ __forceinline__ const __nv_bfloat16* qk_piece(const __nv_bfloat16* Kb
   c8 = (w & 15) * 8;
   return (isq ? Qb : Kb) + r * LDKB + c8;
 }
-// Piece v's part of its row's scale (every lane of the warp calls it, for pieces v = lane + 32 j).
+// Piece v's part of its row's scale. All 32 lanes of the warp call it together, with consecutive
+// pieces v in consecutive lanes, so that a row's 16 pieces sit in 16 aligned lanes.
 __device__ __forceinline__ void row_scale_piece(const KParams& p, uint4 u, int isq, int r, float* rsK, float* rsQ,
                                                 int64_t t0, int h, int L) {
   float s = 0.f;
