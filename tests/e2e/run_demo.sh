@@ -24,7 +24,17 @@ first=$(sed -n 1p <<< "$losses")
 last=$(sed -n '$p' <<< "$losses")
 echo "loss: first step $first, last step $last"
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }' || { echo "the loss did not fall"; exit 1; }
-"$py" "$src/tests/e2e/generate_hf.py" "$work/run/checkpoints/step-00000010/model" "$src/data/tokenizers/qwen3"
+# Each later step must exit 0 (set -e) and print what it promises; the output goes to files and is
+# checked there (no pipes, see above).
+"$py" "$src/tests/e2e/generate_hf.py" "$work/run/checkpoints/step-00000010/model" \
+  "$src/data/tokenizers/qwen3" > "$work/generate.log" 2>&1 || {
+  echo "generate_hf.py exited with status $?:"; cat "$work/generate.log"; exit 1; }
+cat "$work/generate.log"
+grep -q '^generated: ' "$work/generate.log" || { echo "generate_hf.py printed no text"; exit 1; }
 "$qrun" eval recipes/demo.yaml --set run.dir="$work/run" \
   --set model.path="$work/run/checkpoints/step-00000010/model" --set model.preset=none \
-  --set data.collator.tokens_per_batch=2048
+  --set data.collator.tokens_per_batch=2048 > "$work/eval.log" 2>&1 || {
+  echo "qrun eval exited with status $?:"; tail -n 40 "$work/eval.log"; exit 1; }
+cat "$work/eval.log"
+grep -Eq 'perplexity[^0-9]*[0-9]' "$work/eval.log" || { echo "qrun eval reported no perplexity"; exit 1; }
+echo "e2e: passed"

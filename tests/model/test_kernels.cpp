@@ -1,6 +1,7 @@
 // tests/model/test_kernels.cpp - the reference backends against independent oracles:
 // gdn-reference (chunked) vs a token-loop recurrence of the gated delta rule (spec section 2.5),
-// conv-reference vs an explicit tap loop; packed == each sample alone == padded for every
+// conv-reference vs an explicit tap loop, ops/reference (norms, gated norm, SwiGLU, the fused
+// linear cross-entropy) vs scalar fp64 formulas and their central finite differences; packed == each sample alone == padded for every
 // reference kind (via `qrun check`, framework/check.cpp), and a deliberately leaky backend fails
 // the check, also when only a `qrun check --set` setting makes it leak.
 #include "check.h"
@@ -8,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 
 #include <torch/csrc/autograd/autograd.h>
@@ -101,6 +103,131 @@ TEST(ReferenceKernels, ConvMatchesTapLoop) {
     t0 += L;
   }
   EXPECT_LE(rel_err(y, at::silu(ref)), 1e-6);
+}
+
+// ops/reference against scalar fp64 formulas written out element by element (no ATen in the
+// oracle): the output must match to rounding, and the autograd gradient of sum(out * w) must match
+// the oracle's central finite differences input by input. `qrun check ops/reference` compares the
+// reference with itself; this test is what makes the reference trustworthy.
+using Flat = std::vector<double>;
+using OpOracle = std::function<Flat(const std::vector<Flat>&)>;
+
+Flat flat(const at::Tensor& t) {
+  at::Tensor c = t.detach().to(at::kDouble).contiguous();
+  return Flat(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+
+// inputs: the op's differentiable tensors (fp64); extra: tensors passed through unchanged.
+void expect_matches_oracle(const char* what, const std::vector<at::Tensor>& inputs,
+                           const std::function<at::Tensor(const std::vector<at::Tensor>&)>& op,
+                           const OpOracle& oracle) {
+  std::vector<at::Tensor> leaves;
+  std::vector<Flat> xs;
+  for (const auto& t : inputs) {
+    leaves.push_back(t.detach().clone().requires_grad_());
+    xs.push_back(flat(t));
+  }
+  at::Tensor out = op(leaves);
+  const Flat want = oracle(xs);
+  const Flat got = flat(out);
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 1e-30, worst = 0;
+  for (double v : want) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+  EXPECT_LE(worst / scale, 1e-12) << what << ": forward";
+
+  at::Tensor w = at::randn(out.sizes(), at::kDouble);
+  const Flat wf = flat(w);
+  auto grads = torch::autograd::grad({(out * w).sum()}, leaves);
+  auto objective = [&](const std::vector<Flat>& x) {
+    Flat o = oracle(x);
+    double acc = 0;
+    for (size_t i = 0; i < o.size(); ++i) acc += o[i] * wf[i];
+    return acc;
+  };
+  for (size_t a = 0; a < xs.size(); ++a) {
+    const Flat g = flat(grads[a]);
+    double gscale = 1e-30, gworst = 0;
+    for (size_t i = 0; i < xs[a].size(); ++i) {
+      std::vector<Flat> xp = xs, xm = xs;
+      const double h = 1e-6 * std::max(1.0, std::abs(xs[a][i]));
+      xp[a][i] += h;
+      xm[a][i] -= h;
+      const double fd = (objective(xp) - objective(xm)) / (2 * h);
+      gscale = std::max(gscale, std::abs(fd));
+      gworst = std::max(gworst, std::abs(g[i] - fd));
+    }
+    EXPECT_LE(gworst / gscale, 1e-6) << what << ": gradient of input " << a;
+  }
+}
+
+// y[t, d] = x[t, d] / sqrt(mean_d x^2 + eps) * (w[d] or 1 + w[d])
+Flat rms_norm_oracle(const Flat& x, const Flat& w, int64_t D, double eps, bool zero_centred) {
+  Flat y(x.size());
+  for (size_t r = 0; r < x.size() / D; ++r) {
+    double ss = 0;
+    for (int64_t d = 0; d < D; ++d) ss += x[r * D + d] * x[r * D + d];
+    const double inv = 1.0 / std::sqrt(ss / D + eps);
+    for (int64_t d = 0; d < D; ++d)
+      y[r * D + d] = x[r * D + d] * inv * (zero_centred ? 1.0 + w[d] : w[d]);
+  }
+  return y;
+}
+
+double silu(double v) { return v / (1.0 + std::exp(-v)); }
+
+TEST(ReferenceKernels, OpsMatchFp64Formulas) {
+  at::manual_seed(3);
+  auto ops = registry().create<Ops>("reference", Config("k", {}));
+  const int64_t T = 5, D = 8, H = 3, V = 11;
+  const double eps = 1e-6;
+  for (bool zc : {true, false}) {
+    expect_matches_oracle(
+        zc ? "rms_norm (zero-centred)" : "rms_norm", {at::randn({T, D}, at::kDouble), at::randn({D}, at::kDouble) * 0.3},
+        [&](const std::vector<at::Tensor>& x) { return ops->rms_norm(x[0], x[1], eps, zc); },
+        [&](const std::vector<Flat>& x) { return rms_norm_oracle(x[0], x[1], D, eps, zc); });
+  }
+  // y = w * rms_norm(x) * silu(z), per head of D.
+  expect_matches_oracle(
+      "gated_rms_norm",
+      {at::randn({T, H, D}, at::kDouble), at::randn({T, H, D}, at::kDouble), at::randn({D}, at::kDouble) + 1.0},
+      [&](const std::vector<at::Tensor>& x) { return ops->gated_rms_norm(x[0], x[1], x[2], eps); },
+      [&](const std::vector<Flat>& x) {
+        Flat y = rms_norm_oracle(x[0], x[2], D, eps, false);
+        for (size_t i = 0; i < y.size(); ++i) y[i] *= silu(x[1][i]);
+        return y;
+      });
+  expect_matches_oracle(
+      "swiglu", {at::randn({T, D}, at::kDouble), at::randn({T, D}, at::kDouble)},
+      [&](const std::vector<at::Tensor>& x) { return ops->swiglu(x[0], x[1]); },
+      [&](const std::vector<Flat>& x) {
+        Flat y(x[0].size());
+        for (size_t i = 0; i < y.size(); ++i) y[i] = silu(x[0][i]) * x[1][i];
+        return y;
+      });
+  // sum over rows with a target of (logsumexp_v(h . W_v) - h . W_target); ignored rows add 0.
+  at::Tensor targets = at::randint(V, {T}, at::kLong);
+  targets[1] = kIgnoreIndex;
+  const std::vector<int64_t> tg(targets.data_ptr<int64_t>(), targets.data_ptr<int64_t>() + T);
+  expect_matches_oracle(
+      "linear_cross_entropy_sum", {at::randn({T, D}, at::kDouble), at::randn({V, D}, at::kDouble) * 0.5},
+      [&](const std::vector<at::Tensor>& x) { return ops->linear_cross_entropy_sum(x[0], x[1], targets); },
+      [&](const std::vector<Flat>& x) {
+        double loss = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          if (tg[t] == kIgnoreIndex) continue;
+          Flat logit(V, 0.0);
+          double mx = -INFINITY;
+          for (int64_t v = 0; v < V; ++v) {
+            for (int64_t d = 0; d < D; ++d) logit[v] += x[0][t * D + d] * x[1][v * D + d];
+            mx = std::max(mx, logit[v]);
+          }
+          double se = 0;
+          for (int64_t v = 0; v < V; ++v) se += std::exp(logit[v] - mx);
+          loss += mx + std::log(se) - logit[tg[t]];
+        }
+        return Flat{loss};
+      });
 }
 
 TEST(ReferenceKernels, CheckPassesForEveryReference) {
