@@ -216,7 +216,7 @@ TEST(ChatDataset, PathsFoldersGlobsAndTheHubCache) {
     FAIL();
   } catch (const UserError& e) {
     EXPECT_NE(e.message().find(kDir + "/hub/datasets--acme--nothing"), std::string::npos) << e.message();
-    EXPECT_NE(e.message().find("huggingface-cli download --repo-type dataset acme/nothing"),
+    EXPECT_NE(e.message().find("hf download --repo-type dataset acme/nothing"),
               std::string::npos);
   }
   auto g = opts(kDir + "/hub/datasets--acme--chat/snapshots/*/data/*.parquet");

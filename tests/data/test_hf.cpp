@@ -1,5 +1,5 @@
-// test_hf.cpp - hf-tokenizer and chatml on the real Qwen3 tokenizer files (skips only when the
-// folder is absent), and the repository's shipped copy under data/tokenizers/qwen3.
+// test_hf.cpp - hf-tokenizer and chatml on the real Qwen3 tokenizer files the repository ships
+// under data/tokenizers/qwen3 (a missing file fails the test).
 #include "data_test_util.h"
 #include "hf_format.h"
 
@@ -11,19 +11,12 @@ using namespace qrun;
 using namespace qrun::chatdata;
 
 namespace {
-const std::string kShared = QRUN_TEST_TOKENIZER_DIR;
 const std::string kRepoCopy = QRUN_REPO_TOKENIZER_DIR;
-
-std::string tokenizer_dir() {
-  if (std::filesystem::exists(kShared + "/tokenizer.json")) return kShared;
-  if (std::filesystem::exists(kRepoCopy + "/tokenizer.json")) return kRepoCopy;
-  return "";
-}
 }  // namespace
 
 TEST(HfTokenizer, MatchesTheBpeLibraryAndRendersChatMl) {
-  std::string dir = tokenizer_dir();
-  if (dir.empty()) GTEST_SKIP() << "Qwen3 tokenizer not found at " << kShared << " or " << kRepoCopy;
+  const std::string dir = kRepoCopy;
+  ASSERT_TRUE(std::filesystem::exists(dir + "/tokenizer.json")) << "no Qwen3 tokenizer at " << dir;
   HfTokenizer tok(dir);
   HfTokenizer tok_file(dir + "/tokenizer.json");
   auto bpe = tok::BpeTokenizer::from_dir(dir);

@@ -14,7 +14,7 @@
 
 namespace qrun::tok::test {
 
-// Folder with the Qwen3 tokenizer.json / tokenizer_config.json (from QRUN_SHARED_DIR).
+// Folder with the Qwen3 tokenizer.json / tokenizer_config.json (the repo's data/tokenizers/qwen3).
 inline std::string tokenizer_dir() { return QRUN_TEST_TOKENIZER_DIR; }
 // Folder where the ctest fixture-setup tests write the HF reference files.
 inline std::string fixture_dir() { return QRUN_TEST_FIXTURE_DIR; }
@@ -29,13 +29,11 @@ inline const BpeTokenizer& qwen3() {
   return tok;
 }
 
-#define QRUN_REQUIRE_QWEN3_TOKENIZER()                                                     \
-  do {                                                                                     \
-    if (!::qrun::tok::test::tokenizer_present()) {                                         \
-      GTEST_SKIP() << "the Qwen3 tokenizer folder " << ::qrun::tok::test::tokenizer_dir()  \
-                   << " is absent (tokenizer.json not found); parity tests need it";       \
-    }                                                                                      \
-  } while (0)
+// The repo ships the tokenizer, so a missing file is a broken checkout: the test fails.
+#define QRUN_REQUIRE_QWEN3_TOKENIZER()                                                      \
+  ASSERT_TRUE(::qrun::tok::test::tokenizer_present())                                       \
+      << "the Qwen3 tokenizer folder " << ::qrun::tok::test::tokenizer_dir()                \
+      << " has no tokenizer.json (the repo ships it in data/tokenizers/qwen3)"
 
 // Reads a JSONL fixture; fails the test if it is missing.
 inline std::vector<nlohmann::json> read_jsonl(const std::string& name) {
