@@ -303,7 +303,7 @@ std::string resolve_model_dir(const std::string& name, const std::string& revisi
     if (ref >> commit) {
       QRUN_CHECK(fs::is_directory(d / "snapshots" / commit),
                  "model '{}': {} names commit {} but {} is missing (an interrupted download? "
-                 "run `huggingface-cli download {} --revision {}` again)", name,
+                 "run `hf download {} --revision {}` again)", name,
                  (d / "refs" / revision).string(), commit, (d / "snapshots" / commit).string(),
                  name, revision);
       return (d / "snapshots" / commit).string();
@@ -314,12 +314,12 @@ std::string resolve_model_dir(const std::string& name, const std::string& revisi
       if (e.is_directory()) have.push_back(e.path().filename().string());
     std::sort(have.begin(), have.end());
     fail("model '{}' is in the Hugging Face cache ({}) but revision '{}' is not: no refs/{} and no "
-         "snapshot of that name (snapshots: {}); download it with `huggingface-cli download {} "
+         "snapshot of that name (snapshots: {}); download it with `hf download {} "
          "--revision {}` or set model.revision", name, d.string(), revision, revision,
          have.empty() ? std::string("none") : fmt::format("{}", fmt::join(have, ", ")), name, revision);
   }
   fail("model '{}' is not a local directory and is not in the Hugging Face cache (looked in {}); "
-       "download it first, e.g. `huggingface-cli download {}`, or set model.path to a checkpoint "
+       "download it first, e.g. `hf download {}`, or set model.path to a checkpoint "
        "directory", name, fmt::join(roots, ", "), name);
 }
 

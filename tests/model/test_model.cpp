@@ -532,7 +532,7 @@ TEST(QwenModel, MissingModelSaysWhereItLooked) {
   }
   unsetenv("HF_HUB_CACHE");
   EXPECT_NE(msg.find("looked in /nonexistent/hub"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("huggingface-cli download Qwen/Qwen3.5-0.8B"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hf download Qwen/Qwen3.5-0.8B"), std::string::npos) << msg;
 }
 
 // A Hugging Face hub cache as huggingface_hub lays it out: blobs/ holds the files, snapshots/<commit>/
@@ -588,7 +588,7 @@ TEST(QwenModel, LoadsAHubIdFromTheLocalCache) {
   }
   EXPECT_EQ(msg, fmt::format("model 'test-org/tiny-qwen' is in the Hugging Face cache ({}) but revision "
                              "'nope' is not: no refs/nope and no snapshot of that name (snapshots: {}, {}); "
-                             "download it with `huggingface-cli download test-org/tiny-qwen --revision "
+                             "download it with `hf download test-org/tiny-qwen --revision "
                              "nope` or set model.revision", repo_dir, a, b));
   // HF_HOME: the cache is HF_HOME/hub.
   setenv("HF_HOME", root.c_str(), 1);

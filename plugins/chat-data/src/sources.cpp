@@ -139,7 +139,7 @@ std::vector<std::string> resolve_files(const std::string& path,
     auto snap = hf_snapshot(path, looked);
     QRUN_CHECK(snap.has_value(),
                "dataset '{}' is neither a local path nor in the Hugging Face cache (looked in {}); "
-               "download it with `huggingface-cli download --repo-type dataset {}` (set HF_HOME "
+               "download it with `hf download --repo-type dataset {}` (set HF_HOME "
                "or HF_HUB_CACHE if your cache is elsewhere), or give a path to .jsonl/.parquet "
                "files",
                path, looked, path);
