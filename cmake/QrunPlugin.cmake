@@ -4,11 +4,18 @@
 # in-tree plugins get no privileges. It builds libqrun-<NAME>.so against the SDK, hides every
 # symbol but the entry point, and stamps the descriptor with a build id and the CUDA major.
 #
-#   qrun_add_plugin(NAME hello-collator SOURCES hello.cpp [LIBRARIES extra...] [NO_INSTALL])
+#   qrun_add_plugin(NAME hello-collator SOURCES hello.cpp [LIBRARIES extra...] [NO_INSTALL]
+#                   [CUDA [CUDA_MIN_ARCH n]])
+#
+# CUDA: the plugin has .cu sources (or links a CUDA kernel library); it gets the CUDA rules of
+# QrunCuda.cmake: QRUN_CUDA_ARCH (or the installed qrun's architectures) with sm_90 built as
+# sm_90a, C++20 for nvcc, LibTorch's -gencode flags dropped in the calling directory, the CUDA
+# runtime. The project must have CUDA enabled (project(... LANGUAGES CXX CUDA)).
 #
 # Variables read: QRUN_PLUGIN_OUTPUT_DIR (where the .so goes in the build tree),
 # QRUN_PLUGIN_INSTALL_DIR (install destination, default lib/qrun/plugins).
 include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/QrunCuda.cmake)
 
 function(qrun_plugin_build_id out_var src_dir)
   execute_process(COMMAND git -C "${src_dir}" rev-parse --short=12 HEAD
@@ -21,7 +28,7 @@ function(qrun_plugin_build_id out_var src_dir)
 endfunction()
 
 function(qrun_add_plugin)
-  cmake_parse_arguments(P "NO_INSTALL" "NAME" "SOURCES;LIBRARIES" ${ARGN})
+  cmake_parse_arguments(P "NO_INSTALL;CUDA" "NAME;CUDA_MIN_ARCH" "SOURCES;LIBRARIES" ${ARGN})
   if(NOT P_NAME OR NOT P_SOURCES)
     message(FATAL_ERROR "qrun_add_plugin needs NAME and SOURCES")
   endif()
@@ -47,6 +54,24 @@ function(qrun_add_plugin)
     set(_cuda_major ${QRUN_SDK_CUDA_MAJOR})
   endif()
   target_compile_definitions(${target} PRIVATE QRUN_PLUGIN_CUDA_MAJOR=${_cuda_major})
+  if(P_CUDA)
+    if(NOT CMAKE_CUDA_COMPILER)
+      message(FATAL_ERROR "qrun_add_plugin(${P_NAME} CUDA): CUDA is not enabled. Install the CUDA "
+                          "toolkit (nvcc, CUDA ${_cuda_major} as qrun was built with) and name CUDA "
+                          "in project(... LANGUAGES CXX CUDA).")
+    endif()
+    if(P_CUDA_MIN_ARCH)
+      qrun_cuda_target(${target} MIN_ARCH ${P_CUDA_MIN_ARCH})
+    else()
+      qrun_cuda_target(${target})
+    endif()
+    qrun_cuda_drop_torch_gencode()
+    set(CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS}" PARENT_SCOPE)
+    get_target_property(_archs ${target} CUDA_ARCHITECTURES)
+    set_property(GLOBAL APPEND PROPERTY QRUN_CUDA_PLUGINS_BUILT "${P_NAME} (${_archs})")
+  elseif(P_CUDA_MIN_ARCH)
+    message(FATAL_ERROR "qrun_add_plugin(${P_NAME}): CUDA_MIN_ARCH needs the CUDA option")
+  endif()
   set_target_properties(${target} PROPERTIES
     CXX_VISIBILITY_PRESET hidden
     CUDA_VISIBILITY_PRESET hidden
