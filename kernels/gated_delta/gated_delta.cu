@@ -458,7 +458,7 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
   Prof pr(s);
   using Path = GdnProblem::BwdPath;
   // Auto: fp16 wherever the register-state recompute runs (sm_90a: faster at every batch shape
-  // measured, session 19); elsewhere when the batch fills the GPU (see GdnProblem::backward_path)
+  // measured); elsewhere when the batch fills the GPU (see GdnProblem::backward_path)
   const bool fast = p.total_tokens > 0 &&
                     (p.backward_path == Path::Fp16 ||
                      (p.backward_path == Path::Auto &&
@@ -493,12 +493,11 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
     }
     if (p.num_seqs > 0) {
       const int64_t blocks = p.num_seqs * p.HV * seq_t_slices();
-      // sm_90a: the recompute in the register-state form (v44), one block per 64-wide slice like
+      // sm_90a: the recompute in the register-state form, one block per 64-wide slice like
       // the reverse pass, launched after it. Not beside it in general: the two share SMs badly. At
       // 1x8192 (96 + 96 blocks) the pair took 1.08 ms when the recompute was the reverse pass's
       // programmatic dependent (0.89 ms the other way round) and 0.85 ms one after the other,
-      // against 0.46 + 0.40 ms alone (session 19; the recompute's blocks then shared SMs two by
-      // two).
+      // against 0.46 + 0.40 ms alone (the recompute's blocks then shared SMs two by two).
       //
       // Note [Beside the recompute]: where the recompute leaves SMs idle (fewer blocks than SMs:
       // 96 of 132 at 1x8192), bwd_chunk is its programmatic dependent. Its blocks start on the idle
@@ -518,8 +517,8 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
       // waits for every reverse pass block to count itself finished, p.dh_done), then the others
       // in chunk order as above; so the SMs idle during the reverse pass do the recompute's work,
       // and the recompute's late blocks leave more SMs to bwd_chunk. H200, 1x8192, kept prep:
-      // backward 1.85 -> 1.76 ms (one block per idle SM, 6 early key heads: 1.80; the early
-      // heads' groups head by head instead of in chunk order: 1.78; session 26).
+      // backward 1.76 ms against 1.85 without the early key heads (one block per idle SM, 6 early
+      // key heads: 1.80; the early heads' groups head by head instead of in chunk order: 1.78).
       const bool beside = rec16t_runs() && blocks < sm_count() && p.num_chunks > 0;
       const int64_t per_head = (int64_t)(p.HV / p.H) * seq_t_slices();  // recompute blocks per key head
       // (bwd_chunk maps tickets to groups in 32-bit arithmetic then: at most 2^30 groups)
@@ -558,9 +557,9 @@ void gdn_backward(const GdnProblem& p, const GdnBwdIO& io, void* ws, size_t ws_b
         }
       } else {
         // The bf16x2 recompute (256 threads per 32-wide slice) as the reverse pass's programmatic
-        // dependent: its blocks fill the SM room the reverse pass leaves (session 18, H200, before
-        // the reverse pass had producers: 4x2048 0.80 ms against 0.36 + 0.47 alone; at 1x8192 the
-        // sum), and it waits for the reverse pass before it exits (griddepcontrol.wait), so that
+        // dependent: its blocks fill the SM room the reverse pass leaves (H200, measured with a
+        // reverse pass without producer warps: 4x2048 0.80 ms against 0.36 + 0.47 alone; at 1x8192
+        // the sum), and it waits for the reverse pass before it exits (griddepcontrol.wait), so that
         // bwd_chunk, launched after it, sees both.
         set_smem(gdn_state_kernel, seq_smem_bytes(), 1);
         launch_dependent(s, grid1d(p.num_seqs * p.HV * NVS, "state"), 256, seq_smem_bytes_noq(),  // (mode 2: no q tile)

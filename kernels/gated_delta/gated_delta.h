@@ -124,9 +124,9 @@ struct GdnProblem {
   // reverse pass (gdn_dh16t_kernel) and then a separate bf16x2 state recompute. On sm_90a (H100,
   // H200) that recompute is gdn_rec16t_kernel and Auto always takes Fp16: faster at every batch
   // shape measured (H200: 1x8192 2.34 vs 2.58 ms, 4x2048 2.11 vs 2.50, 1x2048 0.63 vs 0.69;
-  // docs/PERF.md, session 19). Elsewhere the recompute is gdn_state_kernel, and Auto takes Fp16
+  // docs/PERF.md). Elsewhere the recompute is gdn_state_kernel, and Auto takes Fp16
   // when the batch has at least as many (sequence, value head, 64-wide V slice) items as the GPU
-  // has SMs: with fewer, the pair kernel of Bf16x2 was as fast or faster (H200, session 18).
+  // has SMs: with fewer, the pair kernel of Bf16x2 was as fast or faster (H200).
   enum class BwdPath : int32_t { Auto = 0, Fp16 = 1, Bf16x2 = 2 };
   BwdPath backward_path = BwdPath::Auto;
 };
@@ -179,7 +179,7 @@ size_t gdn_bwd_workspace_bytes(const GdnProblem& p, bool with_forward_workspace 
 // The current device and the code these kernels run on it: sm = major * 10 + minor; wgmma: the
 // sm_90a forms (wgmma products, the register-state recompute), which need a build for sm_90a
 // (CMakeLists.txt makes 90 mean 90a). On an sm_90 device without them everything still runs, on
-// the slower mma.sync forms. (-DQRUN_GDN_NO_REC_T builds, a debugging switch, report false.)
+// the slower mma.sync forms.
 struct GdnDeviceInfo {
   int sm = 0;
   bool wgmma = false;

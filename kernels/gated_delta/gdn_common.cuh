@@ -67,7 +67,7 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
 // (fp32 operands split into two TF32 halves, low*low dropped). A(m, k) and B(k, n) are callables
 // returning fp32 (normally shared-memory reads) with tile-local indices. KD must be a multiple of
 // 8. AX / BX: the A / B values are exactly representable in TF32 (e.g. raw bf16 inputs), so their
-// low split part is zero and its MMA is skipped. Since v11 the kernels call it only with raw
+// low split part is zero and its MMA is skipped. The kernels call it only with raw
 // operands (KK^T, QK^T: one exact TF32 MMA per tile); everything else runs on bf16 planes
 // (gdn_mma16.cuh).
 template <int NT8, int KD, bool AX = false, bool BX = false, class FA, class FB>

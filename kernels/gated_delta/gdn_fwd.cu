@@ -52,8 +52,8 @@ __device__ __forceinline__ void inv_merge(const float* As, float* Ts, float* X, 
 
 // Prep of one (chunk c, key head h) group: the raw products K K^T and Q K^T (and the q/k loads
 // behind them) do not depend on the value head, so they are formed once, kept in registers, and
-// gated for each of the group's G value heads in turn (v33; one block per (chunk, value head)
-// formed them G times). With p.run_if set (the fallback), only the flagged (sequence, value head)s
+// gated for each of the group's G value heads in turn (one block per (chunk, value head) would
+// form them G times). With p.run_if set (the fallback), only the flagged (sequence, value head)s
 // are redone.
 //
 // Modes: kPrepHL (the bf16x2 paths) writes T and P as hi/lo bf16 planes (p.Tp, p.Pp).

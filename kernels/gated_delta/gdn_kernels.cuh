@@ -183,11 +183,11 @@ __device__ __forceinline__ void load_qk_tiles(const KParams& p, __nv_bfloat16* K
 // with the norm, into p.rk / p.rq for the kernels after prep (not in a fallback launch: the fast
 // path's prep wrote the same values). rsqrt(sum x^2 + 1e-6) over one 16-byte piece per lane, 16
 // lanes per row (2 * C * DK / 8 pieces: q's rows after k's), then a butterfly over the 16 lanes
-// whose first lane writes: a fixed order. prep forms them here since v62: the tiles are in shared
-// memory anyway, and the separate pass over q and k (gdn_l2norm_rstd_kernel) took 0.035 ms at
-// 1x8192 in the forward and again in the backward. The fast preps take the sums from the reads of
-// their fp16 copies (row_scale_piece in prep_group); without the norm nothing is summed (v62
-// summed the rows there too: 0.006 ms of the 1x8192 forward). Visible after a barrier.
+// whose first lane writes: a fixed order. prep forms them here: the tiles are in shared memory
+// anyway, and a separate pass over q and k took 0.035 ms at 1x8192 in the forward and again in
+// the backward. The fast preps take the sums from the reads of their fp16 copies
+// (row_scale_piece in prep_group); without the norm nothing is summed (summing the rows there
+// too, for scales of 1, cost 0.006 ms of the 1x8192 forward). Visible after a barrier.
 constexpr int kQkPieces = 2 * C * DK / 8;
 static_assert(DK / 8 == 16, "16 pieces per row: qk_piece and the 16-lane butterfly");
 __device__ __forceinline__ const __nv_bfloat16* qk_piece(const __nv_bfloat16* Kb, const __nv_bfloat16* Qb, int v,

@@ -8,7 +8,7 @@
 // dropped lo*lo term is <= 2^-18 relative). Accumulation is fp32 throughout, and the recurrent
 // state itself stays fp32 in registers (only its MMA operand copy is split).
 //
-// Fast forward operands ("f16", v14): the forward's state kernel may instead take every operand
+// Fast forward operands ("f16"): the forward's state kernel may instead take every operand
 // as ONE fp16 plane (11 significant bits: 8x the precision of a plain bf16 operand, 1 MMA per
 // product instead of 2 or 3). fp16's range is narrow (normal 2^-14..65504), so every fp16 operand
 // matrix is range-checked as it is written (F16Guard): the launcher then reruns the forward on the
@@ -299,8 +299,8 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                "r"(src_bytes));
 }
-// The same, issued only where `on` (a predicated instruction, no branch: v78, where a branch
-// around the copies made ptxas spill in bwd_chunk)
+// The same, issued only where `on` (a predicated instruction, no branch: a branch around the
+// copies made ptxas spill in bwd_chunk)
 __device__ __forceinline__ void cp_async16_if(void* dst, const void* src, bool on) {
   asm volatile(
       "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q cp.async.cg.shared.global [%0], [%1], 16;\n\t}\n" ::"r"(

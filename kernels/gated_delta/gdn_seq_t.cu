@@ -1,8 +1,7 @@
-// The fast forward's sequential kernel with the recurrent state held in registers as MMA operands
-// (v20; v38: wgmma and a producer warpgroup). One block per (sequence, value head, 64-wide V
-// slice): 4 compute warps, where warp w owns the 16 value columns 16w..16w+15 of the slice and
-// computes everything transposed, and 4 producer warps that copy the chunk operands in and the
-// o tiles out:
+// The fast forward's sequential kernel with the recurrent state held in registers as MMA operands.
+// One block per (sequence, value head, 64-wide V slice): 4 compute warps, where warp w owns the
+// 16 value columns 16w..16w+15 of the slice and computes everything transposed, and 4 producer
+// warps that copy the chunk operands in and the o tiles out:
 //
 //   X^T  = S^T K^T,  O1^T = S^T Q^T                      (16 x 64 each, k = 128)
 //   Y^T  = (V^T - X^T diag(e^gam rsK)) diag(beta)        (elementwise; rows >= L selected to 0)
@@ -15,48 +14,36 @@
 // S^T, Y^T and D^T therefore never leave registers: no shared-memory operand planes, no barrier
 // between the phases of a step, and every warp works on its own columns. The only shared data are
 // the chunk's K, Q, T, P, v and row factors, double-buffered by cp.async, so a chunk step has one
-// barrier. (The fp16 plane kernel it replaced, gdn_state16 of v14-v19 in gdn_seq.cu, spent ~1,270
-// warp instructions per warp and step on 128 MMAs: plane stores, ldmatrix of its own state and five
-// barriers; ncu, v18.)
+// barrier. (A plane form of this kernel, its fp16 state stored as shared-memory operand planes,
+// spent ~1,270 warp instructions per warp and step on 128 MMAs: plane stores, ldmatrix of its own
+// state and five barriers; ncu.)
 //
-// On sm_90a (v38) the four compute warps are one warpgroup and every product is a wgmma with A
+// On sm_90a the four compute warps are one warpgroup and every product is a wgmma with A
 // from registers: the same fragments, as the m64 A operand of the warpgroup, and B read from
 // shared memory once per block instead of by every warp's ldmatrix. State kernel at 1x8192 on the
-// H200: 0.338 ms (mma.sync, v35) -> 0.287 (wgmma) -> 0.270 (+ producers; docs/PERF.md).
+// H200: 0.338 ms on mma.sync, 0.287 on wgmma, 0.270 with the producer warps (docs/PERF.md).
 //
 // Operands and numerics are those of that plane kernel: fp16 K/Q copies, T and P planes
 // and fp16 roundings of S, Y, D and D' (gdn_mma16.cuh), fp32 accumulation and state, the same
 // range check (F16 guard) reported through p.f16_bad. The row factors come from prep
 // (p.fx, p.fq, p.dec), so the step evaluates no exponential but e^{gam_L}.
 //
-// The backward's reverse pass (gdn_dh16t_kernel, v35, below) has the same shape, with the state
+// The backward's reverse pass (gdn_dh16t_kernel, below) has the same shape, with the state
 // gradient dS^T in registers and its fp16 operands scaled per product.
 #include "gdn_common.cuh"
 #include "gdn_kernels.cuh"
 #include "gdn_mma16.cuh"
 #include "gdn_wgmma.cuh"
 
-// The forward's products on wgmma (sm_90a; v38): A = the warpgroup's registers (S^T, Y^T, D^T,
-// D'^T), B = the chunk's K, Q, T, P tiles read once per block instead of once per warp by
-// ldmatrix. Other architectures (and -DQRUN_GDN_NO_WGMMA) build the mma.sync form.
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(QRUN_GDN_NO_WGMMA)
-#define GDN_FWD_WGMMA 1
+// The products on wgmma (sm_90a): A = the warpgroup's registers (the forward's S^T, Y^T, D^T,
+// D'^T; the reverse pass's and the recompute's likewise), B = the chunk's K, Q, T, P tiles read
+// from shared memory once per block instead of once per warp by ldmatrix. Other architectures
+// build the mma.sync form, over the same buffers (padded and aligned for the wgmma tiles on every
+// architecture).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GDN_WGMMA 1
 #else
-#define GDN_FWD_WGMMA 0
-#endif
-// The backward's reverse pass on wgmma (v39/v40, sm_90a): the same products, B read from shared
-// memory. -DQRUN_GDN_NO_DH_WGMMA keeps its mma.sync form (and the unpadded layout) on sm_90a.
-// GDN_DH_LAYOUT (host and device) pads and aligns its buffers for the wgmma tiles; GDN_DH_WGMMA
-// (device) runs the MMAs.
-#if !defined(QRUN_GDN_NO_DH_WGMMA) && !defined(QRUN_GDN_NO_WGMMA)
-#define GDN_DH_LAYOUT 1
-#else
-#define GDN_DH_LAYOUT 0
-#endif
-#if GDN_FWD_WGMMA && GDN_DH_LAYOUT
-#define GDN_DH_WGMMA 1
-#else
-#define GDN_DH_WGMMA 0
+#define GDN_WGMMA 0
 #endif
 
 namespace qrun::gdn::detail {
@@ -87,32 +74,24 @@ struct TBuf {
   __nv_bfloat16 *K, *Q, *T, *P, *V;  // K, Q, T, P: fp16 bits; V: raw bf16
   float *fb, *fx, *fq, *dec, *gl;
 };
-constexpr size_t buf_bytes(int kind) {
-  // (gam_L padded to 128 bytes; the forward's buffers to 1024, the wgmma tiles' alignment)
-  const size_t b = (size_t)(2 * kKQ + 2 * kPL + kVT) * 2 + (kNVec * C + 32) * sizeof(float);
-  return kind == kFwd || GDN_DH_LAYOUT ? (b + 1023) / 1024 * 1024 : b;
-}
+// (gam_L padded to 128 bytes; the buffer to 1024, the wgmma tiles' alignment)
+constexpr size_t kTBufBytes =
+    ((size_t)(2 * kKQ + 2 * kPL + kVT) * 2 + (kNVec * C + 32) * sizeof(float) + 1023) / 1024 * 1024;
 constexpr int kCB = 2 * C * 64;   // the wgmma forward's K/Q column block: [128 rows][64] elements
 constexpr int kCBd = C * 64;      // the wgmma reverse pass's K and q column block: [64 rows][64]
-static_assert(buf_bytes(kFwd) % 128 == 0 && buf_bytes(kDh) % 128 == 0,
-              "buffers stay 128-byte aligned");
-constexpr size_t kTBufBytes = buf_bytes(kFwd);
 // The forward's operand buffers: chunk c + kFB - 1's copies are issued at the top of step c.
 // (Three buffers measured slower than two with the wgmma kernel: forward 0.504 against 0.464 ms
-// at 1x8192, session 17; the knob stays for the next layout.)
-#ifndef QRUN_GDN_FWD_BUFS
-#define QRUN_GDN_FWD_BUFS 2
-#endif
-constexpr int kFB = QRUN_GDN_FWD_BUFS;
+// at 1x8192.)
+constexpr int kFB = 2;
 static_assert(kFB >= 2, "at least double-buffered");
 
 template <int KIND>
 __device__ __forceinline__ TBuf tbuf(unsigned char* base, int b) {
   TBuf t;
-  __nv_bfloat16* e = reinterpret_cast<__nv_bfloat16*>(base + b * buf_bytes(KIND));
+  __nv_bfloat16* e = reinterpret_cast<__nv_bfloat16*>(base + b * kTBufBytes);
   t.K = e;
   e += kKQ;
-  t.Q = KIND == kFwd && GDN_FWD_WGMMA ? t.K + C * 64 : e;
+  t.Q = KIND == kFwd && GDN_WGMMA ? t.K + C * 64 : e;
   e += kKQ;
   t.T = e;
   e += kPL;
@@ -198,7 +177,7 @@ __device__ __forceinline__ void ld_slice_rows(__nv_bfloat16* V, float* fb, float
 template <int KIND>
 __device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, int hv, int v0, const ChunkGeo& g,
                                        int tid = threadIdx.x) {
-  constexpr int kCBS = KIND == kFwd ? (GDN_FWD_WGMMA ? kCB : 0) : (GDN_DH_WGMMA ? kCBd : 0);
+  constexpr int kCBS = GDN_WGMMA ? (KIND == kFwd ? kCB : kCBd) : 0;
   ld_h16<true, kCBS>(b.K, p.kh, b.Q, p.qh, p, h, g, tid);
   const int r0 = tid >> 3, c8 = (tid & 7) * 8;  // T, P: 16 rows per pass, 8 pieces per row
   {
@@ -219,7 +198,7 @@ __device__ __forceinline__ void t_load(const TBuf& b, const KParams& p, int h, i
   else ld_slice_rows<true>(b.V, b.fb, b.fx, b.fq, b.dec, b.gl, p, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g, tid);
 }
 
-#if !GDN_FWD_WGMMA
+#if !GDN_WGMMA
 // acc (16 x 64, 8 n8 tiles) += A M^T for a 64 x 64 fp16 plane M that is zero in every 16 x 16
 // block above the diagonal (T, P): A's k-block kk meets only M's blocks np >= kk of that column.
 __device__ __forceinline__ void mma_lower_t(float (&acc)[8][4], const uint32_t (&a)[4][4], const __nv_bfloat16* M, int lane) {
@@ -235,7 +214,7 @@ __device__ __forceinline__ void mma_lower_t(float (&acc)[8][4], const uint32_t (
 }
 #endif
 
-#if GDN_FWD_WGMMA
+#if GDN_WGMMA
 // acc (16 x 64 per warp) += A M^T on wgmma, k = 128 (A: 8 k16 steps), M's 64 rows K-major in two
 // column blocks CBS elements apart (k16 step kk: column block kk / 4, +32 B per step inside it).
 // The caller fences and commits.
@@ -277,7 +256,7 @@ __device__ __forceinline__ uint32_t pack_bf2(float x, float y) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-#if !GDN_DH_WGMMA
+#if !GDN_WGMMA
 // B (16 x 16 tiles, k-block kk, n-blocks np <= kk) of a 64 x 64 fp16 plane M stored [k][n] that is
 // zero in every 16 x 16 block above the diagonal (T, P): acc (16 x 64) += A M, A's k-block kk
 // meeting only M's blocks np <= kk of its row.
@@ -424,7 +403,7 @@ __device__ __forceinline__ int stage_off(int plane, int r, int half) {
 // i) as the hi/lo bf16 planes of M in the backward's [2][rows][BV] slice layout (slice_planes),
 // columns cw..cw+15 of the 32-wide slice. 32 rows at a time go through the warp's staging area
 // (transposed by stmatrix) and leave as 16-byte pieces, two per 32-byte sector: 4-byte fragment
-// stores straight to global memory cost 0.45 ms at 1x8192 (measured in session 15).
+// stores straight to global memory cost 0.45 ms at 1x8192 (measured).
 template <int NN>
 __device__ __forceinline__ void store_planes_t(__nv_bfloat16* dst, const float (&a)[NN][4], int cw, int lane,
                                                __nv_bfloat16* stage) {
@@ -480,7 +459,7 @@ __device__ __forceinline__ void bwd_slice(int v0, int j0, int& vsl, int& cw) {
 size_t seq_t_smem_bytes() { return kFB * kTBufBytes + (size_t)2 * kVT * 2 + 1024; }
 int seq_t_slices() { return kTNS; }
 
-// Warp-specialized (v38): warps 0-3 (one warpgroup) compute, warps 4-7 copy (the chunk operands in
+// Warp-specialized: warps 0-3 (one warpgroup) compute, warps 4-7 copy (the chunk operands in
 // by cp.async, the staged o tiles out), so that the compute warps issue no address arithmetic. Both
 // run the same chunk loop and meet at its one barrier per step (the same instruction for all: a
 // named barrier at different places in the two roles' code would need the slower non-.aligned
@@ -531,7 +510,7 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
   for (int64_t c = c_beg; c < c_end; ++c, bi = bi + 1 == kFB ? 0 : bi + 1) {
     if (producer) {
       cp_async_wait<kFB - 2>();  // chunk c (every step commits one group, possibly empty)
-#if GDN_FWD_WGMMA
+#if GDN_WGMMA
       wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
 #endif
     }
@@ -557,7 +536,7 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
     float x[8][4], o[8][4];
     zero_acc(x);
     zero_acc(o);
-#if GDN_FWD_WGMMA
+#if GDN_WGMMA
     // (K-major B: column block kk / 4, k16 step kk % 4 inside the 128-byte rows; Q rows 64 on)
     {
       uint32_t a[8][4];
@@ -615,7 +594,7 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
     // D^T = Y^T T^T (T[r'][r] = 0 for r's 16-block above r''s: skipped)
     float d[8][4];
     zero_acc(d);
-#if GDN_FWD_WGMMA
+#if GDN_WGMMA
     wg::pin(d);
     wg::pin(ya);
     wg::fence();
@@ -636,7 +615,7 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
       mD.add(dpa[kk][i]);
     });
     GDN_PH(2);
-#if GDN_FWD_WGMMA
+#if GDN_WGMMA
     // S^T <- e^{gam_L} S^T + D'^T K, issued first: the next step waits for it (B = K rows 16kk..,
     // MN-major: n = key, column blocks kCB apart)
     {
@@ -663,7 +642,7 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
       o[nn][2] *= fq.x;
       o[nn][3] *= fq.y;
     }
-#if !GDN_FWD_WGMMA
+#if !GDN_WGMMA
     mma_lower_t(o, da, b.P, lane);
 #else
     wg::pin(o);
@@ -708,7 +687,7 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
         }
     }
     GDN_PH(4);
-#if !GDN_FWD_WGMMA
+#if !GDN_WGMMA
     // S^T <- e^{gam_L} S^T + D'^T K   (B = K as stored, [k][n]: transposed ldmatrix)
     const float eg = expf(*b.gl);
 #pragma unroll
@@ -755,45 +734,35 @@ __global__ void __launch_bounds__(2 * kTThreads, 1) gdn_state16t_kernel(KParams 
   }
 }
 
-// A register-state block's step barrier. With producers the two roles reach it from different
-// code, so it is the non-.aligned form (a __syncthreads there would be undefined).
-template <bool PRODUCERS>
-__device__ __forceinline__ void step_barrier() {
-  if constexpr (PRODUCERS) asm volatile("barrier.sync 0;\n" ::: "memory");
-  else __syncthreads();
-}
-// The producer warps' loop over the chunks c from c_first towards c_stop (DIR = +1: up to
-// c_stop - 1; -1: down to c_stop), their first copies issued by the caller: at each step, wait for
-// their own copies, make them visible to wgmma, meet the compute warps at the step's barrier, then
-// issue the copies that copy_after(c) names.
-template <int DIR, class F>
+// The reverse pass's step barrier: its producer and compute warps reach it from different code,
+// so it is the non-.aligned form (a __syncthreads there would be undefined).
+__device__ __forceinline__ void step_barrier() { asm volatile("barrier.sync 0;\n" ::: "memory"); }
+// The reverse pass's producer warps' loop over the chunks c from c_first down to c_stop, their
+// first copies issued by the caller: at each step, wait for their own copies, make them visible
+// to wgmma, meet the compute warps at the step's barrier, then issue the copies that
+// copy_after(c) names.
+template <class F>
 __device__ __forceinline__ void producer_steps(int64_t c_first, int64_t c_stop, F&& copy_after) {
-  for (int64_t c = c_first; DIR > 0 ? c < c_stop : c >= c_stop; c += DIR) {
+  for (int64_t c = c_first; c >= c_stop; --c) {
     cp_async_wait<0>();
-#if GDN_DH_WGMMA
+#if GDN_WGMMA
     wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
 #endif
-    step_barrier<true>();  // chunk c's operands landed; everyone is done with the other buffer
+    step_barrier();  // chunk c's operands landed; everyone is done with the other buffer
     copy_after(c);
   }
   cp_async_wait<0>();
 }
 
-// A producer warpgroup (warps 4-7; wgmma layout only, -DQRUN_GDN_NO_DH_PRODUCERS turns it off)
-// issues the chunk copies, which cost the compute warps about a fifth of each step (phase clocks,
-// session 18). Every thread may take up to 255 registers, so the block has an SM to itself: on
-// sm_90a nothing runs beside the reverse pass since v45 (v46, session 19: the 1x8192 pair of the
-// two passes 0.845 -> 0.820 ms, 4x2048 0.603 -> 0.593). Session 18 had kept the block at 128
-// registers per thread (setmaxnreg 24/232 or 40/216) to fit beside a recompute block; that was
-// slower than no producers (backward 4x2048 2.43-2.46 against 2.29 ms): the producers spilled
-// and the compute warps waited for them at the step's barrier.
-#if !defined(QRUN_GDN_NO_DH_PRODUCERS) && GDN_DH_LAYOUT
-constexpr bool kDhProducers = true;
-#else
-constexpr bool kDhProducers = false;
-#endif
-constexpr int kDhThreads = kDhProducers ? 2 * kTThreads : kTThreads;
-constexpr int kDhBlocksPerSm = kDhProducers ? 1 : 2;
+// A producer warpgroup (warps 4-7) issues the reverse pass's chunk copies, which cost the compute
+// warps about a fifth of each step (phase clocks). Every thread may take up to 255 registers, so
+// the block has an SM to itself: on sm_90a nothing runs beside the reverse pass (the recompute
+// runs after it). The producers took the 1x8192 pair of the two passes from 0.845 to 0.820 ms,
+// 4x2048 from 0.603 to 0.593. Keeping the block at 128 registers per thread (setmaxnreg 24/232
+// or 40/216) to fit beside a recompute block was slower than no producers (backward 4x2048
+// 2.43-2.46 against 2.29 ms): the producers spilled and the compute warps waited for them at the
+// step's barrier.
+constexpr int kDhThreads = 2 * kTThreads;
 
 // The backward's reverse pass with the gradient state in registers (the transposed layout of
 // gdn_state16t_kernel; dh_body in gdn_seq.cu is the bf16x2 form and has the derivation). dS^T: rows j
@@ -806,27 +775,23 @@ constexpr int kDhBlocksPerSm = kDhProducers ? 1 : 2;
 // chosen from its warp's largest magnitude right before it is packed to fp16 (pow2_scale), and the
 // fp32 result unscaled: gradients have no fixed range, so this needs no guard and no fallback.
 // The B operands (fp16 K, Q, T, P from prep) are range-checked by prep. K, Q, T, P, dO and the
-// row factors are double-buffered, so a step has one barrier (v43; until v42 the q tile was
-// single-buffered and waited for in the middle of the step; backward on fp16 operands 2.64 -> 2.57 ms
-// at 1x8192, 2.31 -> 2.29 at 4x2048, session 18). On sm_90a the recompute (gdn_rec16t_kernel)
-// runs after this kernel. Elsewhere the bf16x2 recompute (gdn_state_kernel) is launched right after
-// it as its programmatic dependent (the two passes are independent, see gdn_backward) and leaves
-// out its unused q tile, so that without the producers (-DQRUN_GDN_NO_DH_PRODUCERS) a block of each
-// fits on one SM.
-__global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(KParams p) {
+// row factors are double-buffered, so a step has one barrier (a single-buffered q tile, waited
+// for in the middle of the step, made the backward on fp16 operands 2.64 against 2.57 ms at
+// 1x8192, 2.31 against 2.29 at 4x2048). On sm_90a the recompute (gdn_rec16t_kernel) runs after
+// this kernel. Elsewhere the bf16x2 recompute (gdn_state_kernel) is launched right after it as its
+// programmatic dependent (the two passes are independent, see gdn_backward) and leaves out its
+// unused q tile.
+__global__ void __launch_bounds__(kDhThreads, 1) gdn_dh16t_kernel(KParams p) {
   // let a dependent recompute launch now (gdn_state_kernel, where gdn_rec16t_kernel does not run):
   // it takes the SM room this grid leaves
   asm volatile("griddepcontrol.launch_dependents;");
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
-  const bool producer = kDhProducers && tid >= kTThreads;  // (warp-uniform)
-  const int ptid = producer ? tid - kTThreads : tid;       // the copying thread's index
+  const bool producer = tid >= kTThreads;             // (warp-uniform)
+  const int ptid = producer ? tid - kTThreads : tid;  // the copying thread's index
   GDN_PH_START  // (phase clocks 8-15 of gdn_debug_phases_seqt)
   extern __shared__ __align__(128) unsigned char smraw0[];
-#if GDN_DH_LAYOUT  // (the wgmma tiles' 128-byte swizzle works on absolute shared-memory addresses)
+  // (the wgmma tiles' 128-byte swizzle works on absolute shared-memory addresses)
   unsigned char* const smraw = smraw0 + ((1024u - (smem_u32(smraw0) & 1023u)) & 1023u);
-#else
-  unsigned char* const smraw = smraw0;
-#endif
   const SeqBlock sb = seq_block(p, blockIdx.x, kTNS);
   const int vs = sb.vs, hv = sb.hv, h = sb.h;
   const int64_t n = sb.n;
@@ -854,11 +819,10 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
   };
   if (producer) {  // the producers: the copies, and the barrier of each step
     first_copies();
-    producer_steps<-1>(c_end - 1, c_beg, copies);
+    producer_steps(c_end - 1, c_beg, copies);
     return;
   }
-  if (!kDhProducers) first_copies();
-  __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * buf_bytes(kDh)) + warp * kStageEl;
+  __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * kTBufBytes) + warp * kStageEl;
   const int64_t KV = (int64_t)DK * DV;
   int vsl, cw;
   bwd_slice(v0, j0, vsl, cw);
@@ -868,19 +832,12 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
     const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
     const int L = g.L;
     const TBuf b = tbuf<kDh>(smraw, (int)(c & 1));
-    if (!kDhProducers) {
-      cp_async_wait<0>();
-#if GDN_DH_WGMMA
-      wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
-#endif
-    }
-    step_barrier<kDhProducers>();  // chunk c's operands landed; everyone is done with chunk c+1's buffer
+    step_barrier();  // chunk c's operands landed; everyone is done with chunk c+1's buffer
     GDN_PH(15);
-    if (!kDhProducers) copies(c);
     GDN_PH(8);
     // The step's first two products are independent: X^T = dS^T K^T (A = mu_S dS^T) and
-    // Y^T = dO^T P (A = mu_O dO^T). On wgmma they run as one group (v40), and the dS planes leaving
-    // chunk c are stored later, under the T product (v61c).
+    // Y^T = dO^T P (A = mu_O dO^T). On wgmma they run as one group, and the dS planes leaving
+    // chunk c are stored later, under the T product.
     Pow2 sS;
     {
       AbsMax m;
@@ -923,7 +880,7 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
     };
     auto* const dhs_c = p.dhs + slice_planes(c, p.HV, hv, vsl, DK);  // dS leaving chunk c
     GDN_PH(9);
-#if GDN_DH_WGMMA
+#if GDN_WGMMA
     {  // (X: K-major B, column block kk / 4, k16 step kk % 4 inside the 128-byte rows)
       uint32_t a[8][4];
 #pragma unroll
@@ -979,16 +936,17 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
     // one scale mu_U for both
     zero_acc(y);
     auto* const dDl_c = p.dDl + slice_planes(c, p.HV, hv, vsl, C);
-#if GDN_DH_WGMMA
+#if GDN_WGMMA
     wg::pin(y);
     wg::pin(da);
     wg::fence();
     mma_lower_kn_wg(y, da, b.T);
     wg::commit();
     store_planes_t<8>(dDl_c, x, cw, lane, stage);
-    // the dS planes leaving chunk c too (v61c: 253 registers, no spills; backward 2.123 -> 2.113
-    // ms at 1x8192, 1.910 -> 1.895 at 4x2048 over three paired rounds. Under the X/Y group
-    // instead, v61a, it spilled 400 B: x, y, a and oa are all live there)
+    // the dS planes leaving chunk c too (253 registers, no spills; backward 2.113 ms against 2.123
+    // with the store before the X/Y group at 1x8192, 1.895 against 1.910 at 4x2048, over three
+    // paired rounds. Under the X/Y group instead it spilled 400 B: x, y, a and oa are all live
+    // there)
     store_planes_t<16>(dhs_c, st, cw, lane, stage);
     wg::wait<0>();
     wg::pin(y);
@@ -1021,7 +979,7 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
     // dS^T <- e^{gam_L} dS^T + (dO'^T Q + Z^T K) / mu_U
     float u[16][4];
     zero_acc(u);
-#if GDN_DH_WGMMA
+#if GDN_WGMMA
     wg::pin(u);
     wg::pin(za);
     wg::pin(oa);
@@ -1052,7 +1010,7 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
 }
 
 // ---- The backward's state recompute in the transposed register-state form, on bf16x2 wgmma
-// (v44; sm_90a, where rec16t_runs() in gated_delta.cu) ----
+// (sm_90a, where rec16t_runs() in gated_delta.cu) ----
 // It computes what gdn_state_kernel's mode 2 does (S entering each chunk and Delta, as the hi/lo
 // planes bwd_chunk multiplies) per 64-wide slice with 4 warps, the state transposed in registers
 // as in gdn_state16t_kernel, and every product in the bf16x2 precision of state_body (gdn_seq.cu):
@@ -1066,8 +1024,8 @@ __global__ void __launch_bounds__(kDhThreads, kDhBlocksPerSm) gdn_dh16t_kernel(K
 //   S^T  <- e^{gam_L} S^T + (D^T diag(dec)) K   (dec = e^{gam_L - gam} rsK; hi + lo)
 // The row factors are prep16's (p.fx, p.dec), as for the reverse pass. Operands double-buffered,
 // one barrier per step. Launched after the reverse pass, not beside it (gdn_backward). At 1x8192:
-// 0.40 ms alone (session 19) against 0.63 for gdn_state_kernel (session 18). Other architectures:
-// not launched (the body traps).
+// 0.40 ms alone against 0.63 for gdn_state_kernel. Other architectures: not launched (the body
+// traps).
 constexpr int kRecVecF = 3 * C + 32;  // fb, fx, dec [64] each, then gam_L (padded to 128 bytes)
 constexpr size_t kRecBuf = ((size_t)(kKQ + 2 * kPL + kVT) * 2 + kRecVecF * sizeof(float) + 1023) / 1024 * 1024;
 struct RBuf {
@@ -1118,18 +1076,11 @@ __device__ __forceinline__ void rec_load(const RBuf& b, const KParams& p, int h,
   ld_slice_rows<false>(b.V, b.fb, b.fx, nullptr, b.dec, b.gl, p, p.v, p.v_st, p.v_sh, p.vec_v, hv, v0, g, tid);
 }
 
-// -DQRUN_GDN_REC_PRODUCERS (v48, an experiment, off): a producer warpgroup issues the copies, as
-// in the reverse pass (v46); 256 threads, one block per SM, so at 4x2048 (384 blocks) it gives up
-// the second block per SM that the 128-thread form has. Measured in session 20 (H200, backward
-// on fp16 operands, two runs each): 1x8192 2.317 / 2.312 ms against 2.332 / 2.354, 4x2048
-// 2.129 / 2.132 against 2.129 / 2.107; correct (49/49), sanitizers not run. Not the default: a
-// per-shape choice would be needed for a gain of about 1 % at one shape.
-#ifdef QRUN_GDN_REC_PRODUCERS
-constexpr bool kRecProducers = true;
-#else
-constexpr bool kRecProducers = false;
-#endif
-constexpr int kRecThreads = kRecProducers ? 2 * kTThreads : kTThreads;
+// No producer warpgroup here (unlike the reverse pass): with one, 256 threads and one block per
+// SM, the recompute gives up the second block per SM that the 128-thread form has at 4x2048 (384
+// blocks), and it gained about 1 % at one shape only (H200, backward on fp16 operands: 1x8192
+// 2.317 / 2.312 ms against 2.332 / 2.354, 4x2048 2.129 / 2.132 against 2.129 / 2.107).
+constexpr int kRecThreads = kTThreads;
 // Note [Beside the recompute] (gated_delta.cu): with p.ready set, every block adds 1 to
 // p.ready[c * H + h] (h: its key head) once its planes of chunk c are stored, at every 8th chunk
 // of its sequence and at the last (the step barrier, then one thread's fence and atomic: the
@@ -1141,8 +1092,8 @@ __device__ __forceinline__ void rec_publish(const KParams& p, int64_t c, int h) 
   __threadfence();
   atomicAdd(p.ready + (c < 0 ? c : c * p.H + h), 1);
 }
-__global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t_kernel(KParams p) {
-#if GDN_DH_WGMMA
+__global__ void __launch_bounds__(kRecThreads, 2) gdn_rec16t_kernel(KParams p) {
+#if GDN_WGMMA
   // bwd_chunk may launch now, on the SMs this grid leaves (it waits on p.ready, never on the grid)
   asm volatile("griddepcontrol.launch_dependents;");
   extern __shared__ __align__(128) unsigned char smraw0[];
@@ -1167,29 +1118,22 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
     if (c < c_end) rec_load(rbuf(smraw, (int)(c & 1)), p, h, hv, v0, chunk_geo(c, c_beg, bos, eos), ltid);
     cp_async_commit();
   };
-  if (kRecProducers && tid >= kTThreads) {  // the producers: the copies and each step's barrier
-    load(c_beg, tid - kTThreads);
-    producer_steps<1>(c_beg, c_end, [&](int64_t c) { load(c + 1, tid - kTThreads); });
-    return;
-  }
   __nv_bfloat16* const stage = reinterpret_cast<__nv_bfloat16*>(smraw + 2 * kRecBuf) + warp * kStageEl;
   const int64_t KV = (int64_t)DK * DV;
   int vsl, cw;
   bwd_slice(v0, j0, vsl, cw);
   float st[16][4];  // S^T (state_t_load's layout)
   state_t_load(st, p.h0 ? p.h0 + (n * p.HV + hv) * KV + v0 + j0 : nullptr, lane);
-  if (!kRecProducers) load(c_beg, tid);
+  load(c_beg, tid);
   for (int64_t c = c_beg; c < c_end; ++c) {
     const ChunkGeo g = chunk_geo(c, c_beg, bos, eos);
     const int L = g.L;
     const RBuf b = rbuf(smraw, (int)(c & 1));
-    if (!kRecProducers) {
-      cp_async_wait<0>();
-      wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
-    }
-    step_barrier<kRecProducers>();  // chunk c's operands landed; everyone is done with chunk c-1's buffer
+    cp_async_wait<0>();
+    wg::fence_smem();  // this thread's cp.async writes, visible to wgmma's reads after the barrier
+    __syncthreads();  // chunk c's operands landed; everyone is done with chunk c-1's buffer
     if (p.ready && tid == 0 && c > c_beg && ((c - 1 - c_beg) & 7) == 7) rec_publish(p, c - 1, h);
-    if (!kRecProducers) load(c + 1, tid);
+    load(c + 1, tid);
     store_planes_t<16>(p.hs + slice_planes(c, p.HV, hv, vsl, DK), st, cw, lane, stage);  // S entering c
     // X^T = S^T K^T: A = S^T's hi and lo fragments (k-block kk: n8 tiles 2kk, 2kk+1 of the state)
     float x[8][4];
@@ -1271,9 +1215,8 @@ __global__ void __launch_bounds__(kRecThreads, kRecProducers ? 1 : 2) gdn_rec16t
 size_t rec16t_smem_bytes() { return 2 * kRecBuf + (size_t)kTW * kStageEl * 2 + 1024; }
 int rec16t_threads() { return kRecThreads; }
 // Whether the current device's image has gdn_rec16t_kernel's body (wgmma): the device pass's value
-// of gdn_rec16t_built. -DQRUN_GDN_NO_REC_T: never, so that the bf16x2 gdn_state_kernel recomputes
-// on sm_90a too (to test or time it).
-#if GDN_DH_WGMMA && !defined(QRUN_GDN_NO_REC_T)
+// of gdn_rec16t_built.
+#if GDN_WGMMA
 __device__ int gdn_rec16t_built = 1;
 #else
 __device__ int gdn_rec16t_built = 0;
@@ -1290,7 +1233,7 @@ int dh16t_threads() { return kDhThreads; }
 // bytes of dynamic shared memory of gdn_dh16t_kernel: two operand buffers, the four compute warps'
 // staging areas
 size_t dh16t_smem_bytes() {
-  return 2 * buf_bytes(kDh) + (size_t)kTW * kStageEl * 2 + (GDN_DH_LAYOUT ? 1024 : 0);
+  return 2 * kTBufBytes + (size_t)kTW * kStageEl * 2 + 1024;
 }
 
 }  // namespace qrun::gdn::detail

@@ -11,8 +11,8 @@
 // i.e. address bits [4,6) ^= bits [7,9). The hardware applies the XOR to absolute shared-memory
 // addresses, so every plane must start on a 512-byte boundary (one 8-row swizzle atom). ldmatrix's
 // 8 row addresses of one 8x8 matrix, and a quarter warp's 16-byte copies of two whole rows, are
-// then free of bank conflicts. (Session 12 measured the unswizzled "interleaved" core-matrix
-// layout: 0.35 ms slower in the backward, docs/PERF.md.)
+// then free of bank conflicts. (The unswizzled "interleaved" core-matrix layout measured 0.35 ms
+// slower in the backward, docs/PERF.md.)
 #pragma once
 #include <cstdint>
 

@@ -158,7 +158,7 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
   // Kind 3 is the "strong" gate construction of `qrun check` (framework/check.cpp, Note [GDN grid]):
   // A_log = log U(8, 16), a ~ N(3, 1), dt_bias ~ N(0, 0.5^2), all bf16-rounded as the check feeds
   // them: g ~ -25 .. -50 for most tokens, so exp(g) underflows within a chunk, and dA_log / ddt_bias
-  // are dominated by the rare tokens with weaker gates (g ~ -5 .. -12). v11 failed this shape
+  // are dominated by the rare tokens with weaker gates (g ~ -5 .. -12). This shape has failed
   // through the plugin (dA_log 7.3e-3 beyond storage); see the check_strong cases in main().
   for (int h = 0; h < HV; ++h) {
     if (cs.gate_kind == 3) {
@@ -402,7 +402,7 @@ int run_case(const Case& cs, uint64_t seed, double& worst, double& worst_b) {
     // their error is within kTol / 10 of the size of their terms (||got - ref|| / ||sum |term|||;
     // tm is printed). Strong decays cancel them: hv3_strong_decay_fused at base seed
     // 492719188151425077 gives ddt_bias 2.1e-3 relative to a value ~100x below its terms, with
-    // the per-token da at 1.7e-5 (session 19; the same with either state recompute).
+    // the per-token da at 1.7e-5 (the same with either state recompute).
     double tm = -1;
     if (it.terms) {
       double num = 0, den = 0;
@@ -609,7 +609,7 @@ int main() {
     // The same regime (initial states and final-state gradients dominating sequences of 1-9
     // tokens) at a fixed seed and fixed lengths, with a precision sentinel on dk and da. The
     // reverse pass and recompute with hi/lo operands give dk 4.6-4.9e-6 and da 0.9-1.1e-5 here;
-    // v64's single fp16 planes gave dk 2.1e-4, da 2.8e-4 and dA_log up to 2.0e-3 (session 24),
+    // single fp16 planes in their place give dk 2.1e-4, da 2.8e-4 and dA_log up to 2.0e-3,
     // which the case above caught at one seed of three. The sentinel fails such a change at any seed.
     { std::mt19937_64 frng(24);
       Case c; c.name = "states_precision_sentinel"; c.lens.resize(3000);
