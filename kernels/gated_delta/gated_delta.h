@@ -123,8 +123,7 @@ struct GdnProblem {
   // Backward: the reverse pass on fp16 operands (Fp16), on bf16x2 (Bf16x2), or Auto. Fp16 runs the
   // reverse pass (gdn_dh16t_kernel) and then a separate bf16x2 state recompute. On sm_90a (H100,
   // H200) that recompute is gdn_rec16t_kernel and Auto always takes Fp16: faster at every batch
-  // shape measured (H200: 1x8192 2.34 vs 2.58 ms, 4x2048 2.11 vs 2.50, 1x2048 0.63 vs 0.69;
-  // docs/PERF.md). Elsewhere the recompute is gdn_state_kernel, and Auto takes Fp16
+  // shape measured (docs/PERF.md has the numbers). Elsewhere the recompute is gdn_state_kernel, and Auto takes Fp16
   // when the batch has at least as many (sequence, value head, 64-wide V slice) items as the GPU
   // has SMs: with fewer, the pair kernel of Bf16x2 was as fast or faster (H200).
   enum class BwdPath : int32_t { Auto = 0, Fp16 = 1, Bf16x2 = 2 };

@@ -28,7 +28,8 @@ gradient over 8 seeds, for the `qrun check` strong-gate case and for mild gates 
   .venv/bin/python kernels/gated_delta/tools/emulate_bwd_precision.py check    # exact model vs
       torch autograd of the token loop (fails unless they agree to 1e-10; a ctest)
 
-Session 11 used it to decide which operands may move to fp16 (docs/PERF.md, "fp16 backward").
+It is how the choice of which backward operands may be fp16 was made (the precision contract
+in docs/PERF.md).
 """
 import numpy as np, sys, torch
 C, K, V, BV = 64, 128, 128, 32
