@@ -3,6 +3,7 @@
 // libraries model awkwardly, so it is parsed by hand here with "did you mean" for unknown flags.
 #include "commands.h"
 
+#include "bench.h"
 #include "check.h"
 #include "data_commands.h"
 #include "host_info.h"
@@ -182,14 +183,17 @@ int cmd_eval(const std::vector<std::string>& args) {
 }  // namespace
 
 int dispatch(const std::vector<std::string>& args) {
-  static const std::vector<std::string> commands = {"run",  "validate", "eval",    "check",
-                                                   "tokenize", "data", "plugins", "--version"};
+  static const std::vector<std::string> commands = {"run",      "validate", "eval",    "check",
+                                                   "bench",    "compare",  "tokenize", "data",
+                                                   "plugins",  "--version"};
   const std::string& c = args[0];
   if (c == "--version" || c == "version") return cmd_version();
   if (c == "validate") return cmd_validate(args);
   if (c == "plugins") return cmd_plugins(args);
   if (c == "run") return cmd_run(args, 1);
   if (c == "eval") return cmd_eval(args);
+  if (c == "bench") return run_bench_command(args);
+  if (c == "compare") return run_compare_command(args);
   if (c == "check") {
     Registry registry;
     load_plugins(registry);

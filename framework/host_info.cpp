@@ -20,6 +20,8 @@ std::filesystem::path executable_path() {
 
 std::string qrun_version() { return QRUN_VERSION; }
 
+std::string build_id() { return QRUN_BUILD_ID; }
+
 std::string version_report() {
   std::string cuda = QRUN_CUDA_MAJOR == 0 ? std::string("built without CUDA")
                                           : fmt::format("CUDA {}", QRUN_CUDA_VERSION);

@@ -4,13 +4,15 @@
 //   qrun validate <recipe.yaml> [--set ...]  check a recipe without running it
 //   qrun eval <recipe.yaml> [--set ...]      mean loss and perplexity as JSON
 //   qrun check <kind>/<name>                 conformance of a backend against its reference
+//   qrun bench <recipe.yaml> [...]           measure the training step (framework/bench.h)
+//   qrun compare <a.yaml> [<b.yaml>] [...]   two recipes side by side, numerics judged
 //   qrun tokenize --tokenizer DIR [--chat]   token ids (and loss masks) of stdin lines as JSON
 //   qrun data inspect <recipe.yaml> [-n N]   the first examples and the collator's statistics
 //   qrun plugins list                        what is installed, and what failed to load
 //   qrun plugins explain <kind>/<name>       a component's settings with defaults and docs
 //   qrun --version                           qrun, LibTorch, CUDA and every plugin's build id
 //
-// Exit codes: 0 success, 2 bad input (recipe, data, checkpoint, plugin), 1 internal error.
+// Exit codes: 0 success, 2 bad input (recipe, data, checkpoint, plugin), 1 internal error, 3 compare: the numerics diverged.
 // Every failure is one clean message on stderr; library code throws, only main() exits.
 #include "commands.h"
 #include "host_info.h"
@@ -33,6 +35,8 @@ const char* kUsage =
     "       qrun validate <recipe.yaml> [--set key.path=value ...]\n"
     "       qrun eval <recipe.yaml> [--set key.path=value ...]\n"
     "       qrun check <kind>/<name> [--set key=value ...]   a backend against its kind's reference\n"
+    "       qrun bench <recipe.yaml> [--steps N] [--warmup N] [--synthetic SPEC] [--set ...] [--json FILE] [--profile]\n"
+    "       qrun compare <a.yaml> [<b.yaml>] [--set-a ...] [--set-b ...] [--steps N] [--synthetic SPEC] [--json FILE]\n"
     "       qrun tokenize --tokenizer DIR [--chat]   (text lines or JSONL conversations on stdin)\n"
     "       qrun data inspect <recipe.yaml> [-n N] [--set key.path=value ...]\n"
     "       qrun plugins list\n"

@@ -174,6 +174,9 @@ const SectionSpec& recipe_layout() {
                    Field::integer("keep", 2).min(1).doc("checkpoints kept (oldest deleted)"),
                    Field::choice("resume", "never", {"never", "auto"}).doc(
                        "auto: continue from the newest complete checkpoint"),
+                   Field::boolean("save_final", true).doc(
+                       "save a checkpoint at the end of the run (false: only every_steps and on "
+                       "SIGINT/SIGTERM; for runs that only measure)"),
                }),
           list("profiler", "profiler", "observers of the training steps"),
       });

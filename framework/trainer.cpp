@@ -14,6 +14,7 @@
 #include "checkpoint.h"
 #include "components.h"
 #include "optimizer.h"
+#include "session.h"
 #include "tensorboard.h"
 
 #include <qrun/sdk/data.h>
@@ -74,43 +75,11 @@ std::string human_duration(double s) {
   return fmt::format("{}s", t);
 }
 
-c10::Device pick_device(const Config& run) {
-  const std::string& d = run.get_string("device");
-  bool cuda = torch::cuda::is_available();
-  if (d == "cuda") {
-    QRUN_CHECK(cuda, "{}: device is cuda, but no CUDA device is available", run.location("device"));
-    return c10::Device(c10::kCUDA, 0);
-  }
-  if (d == "auto" && cuda) return c10::Device(c10::kCUDA, 0);
-  return c10::Device(c10::kCPU);
-}
-
-c10::ScalarType dtype_of(const std::string& s) { return s == "bf16" ? c10::kBFloat16 : c10::kFloat; }
-
-double peak_flops(const Config& train, const c10::Device& device) {
-  double t = train.get_float("peak_tflops");
-  if (t > 0) return t * 1e12;
-  if (device.is_cuda()) return 989.4e12;  // H100/H200 dense bf16; set train.peak_tflops otherwise
-  return 0;
-}
-
 // The process's peak resident set size so far (Linux reports ru_maxrss in KiB).
 int64_t peak_rss_mib() {
   struct rusage u {};
   ::getrusage(RUSAGE_SELF, &u);
   return u.ru_maxrss / 1024;
-}
-
-// Peak device memory of the step through the caching allocator's statistics (the
-// device-generic face of c10::cuda::CUDACachingAllocator, so CPU-only builds link too).
-void reset_peak_device_memory(const c10::Device& d) {
-  if (d.is_cuda()) at::accelerator::resetPeakStats(d.index());
-}
-std::pair<double, double> peak_device_memory_mib(const c10::Device& d) {
-  auto stats = at::accelerator::getDeviceStats(d.index());
-  constexpr auto kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  return {static_cast<double>(stats.allocated_bytes[kAll].peak) / (1 << 20),
-          static_cast<double>(stats.reserved_bytes[kAll].peak) / (1 << 20)};
 }
 
 std::string json_escape(const std::string& s) {
@@ -165,65 +134,6 @@ struct MetricSinks {
   }
 };
 
-// Everything the loop needs, built from the recipe in dependency order.
-struct Run {
-  const Recipe& recipe;
-  const Registry& registry;
-  fs::path run_dir;
-  c10::Device device = c10::Device(c10::kCPU);
-  std::unique_ptr<Attention> attention;
-  std::unique_ptr<LinearAttention> linear_attention;
-  std::unique_ptr<Conv1d> conv1d;
-  std::unique_ptr<Ops> ops;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<ChatFormat> chat;
-  std::unique_ptr<Dataset> dataset;
-  std::unique_ptr<Collator> collator;
-  std::vector<std::unique_ptr<Profiler>> profilers;
-
-  Run(const Recipe& r, const Registry& reg) : recipe(r), registry(reg) {
-    run_dir = r.section("run").get_string("dir");
-    device = pick_device(r.section("run"));
-    QRUN_CHECK(r.component("model") != nullptr, "{}: a training run needs a model: section", r.file);
-    QRUN_CHECK(r.component("data.dataset") != nullptr, "{}: a training run needs data.dataset", r.file);
-    at::manual_seed(static_cast<uint64_t>(r.section("run").get_int("seed")));
-    // Kernels the recipe resolved (named, or an installed default); the model says if it lacks one.
-    if (r.component("kernels.attention")) attention = make_component<Attention>(r, reg, "kernels.attention");
-    if (r.component("kernels.linear_attention"))
-      linear_attention = make_component<LinearAttention>(r, reg, "kernels.linear_attention");
-    if (r.component("kernels.conv1d")) conv1d = make_component<Conv1d>(r, reg, "kernels.conv1d");
-    if (r.component("kernels.ops")) ops = make_component<Ops>(r, reg, "kernels.ops");
-    model = make_component<Model>(r, reg, "model");
-    ModelPlacement placement;
-    placement.device = device;
-    placement.param_dtype = dtype_of(r.section("precision").get_string("param"));
-    placement.compute_dtype = dtype_of(r.section("precision").get_string("compute"));
-    placement.seed = static_cast<uint64_t>(r.section("run").get_int("seed"));
-    try {
-      model->build({attention.get(), linear_attention.get(), conv1d.get(), ops.get()}, placement);
-    } catch (Error& e) {
-      e.add_context(fmt::format("while building model '{}'", r.component("model")->name));
-      throw;
-    }
-    tokenizer = make_component<Tokenizer>(r, reg, "data.tokenizer");
-    chat = make_component<ChatFormat>(r, reg, "data.chat_format");
-    dataset = make_component<Dataset>(r, reg, "data.dataset");
-    collator = make_component<Collator>(r, reg, "data.collator");
-    for (const auto& p : r.profilers) profilers.push_back(reg.create<Profiler>(p.name, p.config));
-  }
-
-  DataContext data_context() const {
-    return DataContext{tokenizer.get(), chat.get(),
-                       static_cast<uint64_t>(recipe.section("run").get_int("seed"))};
-  }
-
-  // The evaluation data: data.eval_dataset, else the training data (as `qrun eval`).
-  const char* eval_path() const {
-    return recipe.component("data.eval_dataset") ? "data.eval_dataset" : "data.dataset";
-  }
-};
-
 struct EvalResult {
   double loss = 0;
   int64_t loss_tokens = 0, samples = 0, batches = 0;
@@ -232,7 +142,7 @@ struct EvalResult {
 
 // Mean loss over the evaluation data (at most `max_batches` batches; 0 = all) without gradients.
 // Uses its own dataset stream and collator, so the training data's position is untouched.
-EvalResult run_eval(Run& run, int64_t max_batches) {
+EvalResult run_eval(Session& run, int64_t max_batches) {
   auto t0 = std::chrono::steady_clock::now();
   at::NoGradGuard no_grad;
   const char* path = run.eval_path();
@@ -270,7 +180,7 @@ std::string state_json(const TrainState& s) {
       s.step, s.epoch, s.tokens_seen, json_escape(s.cursor), json_escape(s.collator_state));
 }
 
-CheckpointRef save_checkpoint(Run& run, AdamW& opt, const TrainState& st, const fs::path& root,
+CheckpointRef save_checkpoint(Session& run, AdamW& opt, const TrainState& st, const fs::path& root,
                               int64_t keep) {
   auto t0 = std::chrono::steady_clock::now();
   fs::path dir = write_checkpoint(root, st.step, [&](const fs::path& tmp) {
@@ -322,7 +232,7 @@ std::string json_field(const std::string& text, const std::string& key) {
   return text.substr(a, b - a);
 }
 
-TrainState load_checkpoint(Run& run, AdamW& opt, const CheckpointRef& ck) {
+TrainState load_checkpoint(Session& run, AdamW& opt, const CheckpointRef& ck) {
   std::ifstream in(ck.dir / "state.json");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   TrainState st;
@@ -358,7 +268,7 @@ TrainState load_checkpoint(Run& run, AdamW& opt, const CheckpointRef& ck) {
 }
 
 // Counts the optimizer steps of one epoch by streaming it through the collator once.
-int64_t steps_per_epoch(Run& run, int64_t grad_accum) {
+int64_t steps_per_epoch(Session& run, int64_t grad_accum) {
   auto stream = run.dataset->open(run.data_context(), 0, "");
   auto collator = make_component<Collator>(run.recipe, run.registry, "data.collator");
   int64_t batches = 0;
@@ -366,39 +276,11 @@ int64_t steps_per_epoch(Run& run, int64_t grad_accum) {
   return (batches + grad_accum - 1) / grad_accum;
 }
 
-// The hints of a CUDA out-of-memory error, naming the recipe's own settings where it has them.
-std::string oom_hints(const Recipe& r) {
-  std::vector<std::string> hints;
-  const ComponentSpec* coll = r.component("data.collator");
-  if (coll && coll->config.has("tokens_per_batch"))
-    hints.push_back(fmt::format("lower data.collator.tokens_per_batch (now {}; {}) and raise "
-                                "train.grad_accum to keep the batch",
-                                coll->config.get_int("tokens_per_batch"),
-                                coll->config.location("tokens_per_batch")));
-  else
-    hints.push_back("make the batches smaller (data.collator) and raise train.grad_accum");
-  const ComponentSpec* model = r.component("model");
-  if (model && model->config.has("activation_checkpointing"))
-    hints.push_back(fmt::format("turn on activation checkpointing (model.activation_checkpointing: "
-                                "full; now {})",
-                                format_value(model->config.values().at("activation_checkpointing"))));
-  else
-    hints.push_back("turn on activation checkpointing if the model has it");
-  if (r.section("precision").get_string("param") != "bf16" ||
-      r.section("precision").get_string("compute") != "bf16")
-    hints.push_back("use bf16 (precision.param: bf16, precision.compute: bf16, with "
-                    "precision.master_weights: true)");
-  std::string out;
-  for (const auto& h : hints) out += "\n  - " + h;
-  return out;
-}
-
 }  // namespace
 
 int train(const Recipe& r, const Registry& reg, bool resume) {
-  Run run(r, reg);
+  Session run(r, reg);
   const Config& train = r.section("train");
-  const Config& optc = r.section("optimizer");
   const Config& sched = r.section("schedule");
   const Config& ckc = r.section("checkpoint");
   const int64_t grad_accum = train.get_int("grad_accum");
@@ -412,17 +294,8 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
   const int64_t every = ckc.get_int("every_steps"), keep = ckc.get_int("keep");
   resume = resume || ckc.get_string("resume") == "auto";
 
-  auto params = run.model->named_parameters();
-  std::vector<std::pair<std::string, at::Tensor>> trainable;
-  for (auto& [n, p] : params)
-    if (p.requires_grad()) trainable.emplace_back(n, p);
-  AdamWOptions ao;
-  ao.lr = optc.get_float("lr");
-  ao.beta1 = optc.get_float_list("betas")[0];
-  ao.beta2 = optc.get_float_list("betas")[1];
-  ao.eps = optc.get_float("eps");
-  ao.weight_decay = optc.get_float("weight_decay");
-  ao.master_weights = r.section("precision").get_bool("master_weights");
+  const auto trainable = run.trainable_parameters();
+  const AdamWOptions ao = run.adamw_options();
   AdamW opt(trainable, ao);
 
   ModelSummary ms = run.model->summary();
@@ -462,7 +335,8 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
     log_info("tensorboard: events in {} (tensorboard --logdir {})", sinks.tensorboard->path().string(),
              run.run_dir.string());
   }
-  const double peak = peak_flops(train, run.device);
+  const DeviceInfo dev = device_info(run.device, train);
+  const double peak = dev.peak_flops;
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   for (auto& p : run.profilers) p->on_run_start(run.run_dir.string());
 
@@ -521,62 +395,35 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
     auto t0 = std::chrono::steady_clock::now();
     reset_peak_device_memory(run.device);
     for (auto& p : run.profilers) p->on_step_begin(st.step);
-    int64_t loss_tokens = 0, real = 0, pad = 0;
-    std::vector<int64_t> seq_lens, sample_ids;
-    for (const auto& b : micro) {
-      loss_tokens += b.loss_tokens;
-      real += b.real_tokens;
-      pad += b.padding_tokens;
-      for (int64_t i = 0; i < b.num_seqs(); ++i) seq_lens.push_back(b.seq.seq_len(i));
-      sample_ids.insert(sample_ids.end(), b.sample_ids.begin(), b.sample_ids.end());
-    }
-    double loss = std::nan(""), gnorm = 0, lr = 0;
-    bool finite = true;
+    const double lr = schedule_lr(kind, ao.lr, st.step, sched.get_int("warmup_steps"), total_steps,
+                                  sched.get_float("min_lr_ratio"));
+    StepOutcome so;
     try {
-      // 2. forward + backward
-      double loss_sum = 0;
-      if (loss_tokens > 0) {
-        for (const auto& b : micro) {
-          ModelOutput out = run.model->forward(b.to(run.device));
-          (out.loss_sum / static_cast<double>(loss_tokens)).backward();
-          loss_sum += out.loss_sum.detach().item<double>();
-        }
-      }
-      loss = loss_tokens > 0 ? loss_sum / loss_tokens : std::nan("");
-      // 3. gradient norm, clipping, guard
-      std::vector<at::Tensor> grads;
-      for (auto& [n, p] : trainable)
-        if (p.grad().defined()) grads.push_back(p.grad());
-      if (!grads.empty()) {
-        std::vector<at::Tensor> norms;
-        for (auto& g : grads) norms.push_back(g.detach().to(at::kFloat).norm());
-        gnorm = at::stack(norms).norm().item<double>();
-        if (clip > 0 && gnorm > clip)
-          for (auto& g : grads) g.mul_(clip / (gnorm + 1e-6));
-      }
-      finite = std::isfinite(gnorm) && (loss_tokens == 0 || std::isfinite(loss));
-      // 4. the update
-      if (finite) {
-        lr = schedule_lr(kind, ao.lr, st.step, sched.get_int("warmup_steps"), total_steps,
-                         sched.get_float("min_lr_ratio"));
-        if (loss_tokens > 0) opt.step(lr);
-        opt.zero_grad();
-        if (run.device.is_cuda()) torch::cuda::synchronize();
-      }
+      so = train_step(run, opt, trainable, micro, clip, lr);
     } catch (const c10::OutOfMemoryError& e) {
+      int64_t real = 0, pad = 0, seqs = 0, longest = 0;
+      for (const auto& b : micro) {
+        real += b.real_tokens;
+        pad += b.padding_tokens;
+        seqs += b.num_seqs();
+        for (int64_t i = 0; i < b.num_seqs(); ++i) longest = std::max(longest, b.seq.seq_len(i));
+      }
       if (tty) std::fprintf(stderr, "\n");
       throw UserError(fmt::format(
           "step {}: out of memory on {} with {} tokens in the batch ({} real + {} padding, {} "
           "micro-batch{}, {} sequences, longest {}): {}\nTry:{}\n{}",
           st.step + 1, run.device.str(), real + pad, real, pad, micro.size(),
-          micro.size() == 1 ? "" : "es", seq_lens.size(),
-          seq_lens.empty() ? 0 : *std::max_element(seq_lens.begin(), seq_lens.end()),
-          e.what_without_backtrace(), oom_hints(r),
+          micro.size() == 1 ? "" : "es", seqs, longest, e.what_without_backtrace(), oom_hints(r),
           last_ckpt ? fmt::format("The last checkpoint, {} (step {}), is intact: rerun with --resume "
                                   "to continue from it.",
                                   last_ckpt->dir.string(), last_ckpt->step)
                     : std::string("No checkpoint was written yet.")));
     }
+    const double loss = so.loss, gnorm = so.grad_norm;
+    const int64_t loss_tokens = so.loss_tokens, real = so.real, pad = so.pad;
+    const bool finite = so.finite;
+    const auto& seq_lens = so.seq_lens;
+    const auto& sample_ids = so.sample_ids;
     if (!finite) {
       std::string ids = fmt::format("{}", fmt::join(sample_ids, ", "));
       if (!skip_nonfinite)
@@ -598,7 +445,7 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
     double dt = seconds_since(t0);
     double tps = real / std::max(dt, 1e-9);
     double flops = run.model->train_flops_per_token(seq_lens);
-    double mfu = peak > 0 ? tps * flops / peak : std::nan("");
+    double mfu = std::isfinite(peak) ? tps * flops / peak : std::nan("");
     StepRecord rec{st.step, dt, real, pad, loss_tokens, loss};
     for (auto& p : run.profilers) p->on_step_end(rec);
     MetricLine line(st.step);
@@ -645,7 +492,7 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
       last_ckpt = save_checkpoint(run, opt, st, ckpt_root, keep);
   }
   if (eval_every > 0 && !stopped && last_eval_step != st.step) evaluate_now();
-  last_ckpt = save_checkpoint(run, opt, st, ckpt_root, keep);
+  if (ckc.get_bool("save_final") || stopped) last_ckpt = save_checkpoint(run, opt, st, ckpt_root, keep);
   for (auto& p : run.profilers) p->on_run_end();
   if (empty_batches > 0)
     log_info("{} batches had no loss tokens (nothing to train on) and were skipped", empty_batches);
@@ -658,7 +505,7 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
 }
 
 int evaluate(const Recipe& r, const Registry& reg) {
-  Run run(r, reg);
+  Session run(r, reg);
   EvalResult e = run_eval(run, 0);
   std::printf("{\"dataset\": \"%s\", \"samples\": %lld, \"loss_tokens\": %lld, \"loss\": %.6f, \"perplexity\": %.4f}\n",
               run.eval_path(), static_cast<long long>(e.samples), static_cast<long long>(e.loss_tokens),

@@ -88,6 +88,9 @@ void register_profilers(qrun::Registrar& r) {
       qrun::Schema{
           Field::boolean("gpu", true).doc(
               "trace GPU kernels with Kineto on CUDA machines (off: CPU operator counts only)"),
+          Field::boolean("kernel_table", false).doc(
+              "also write <run.dir>/kernels-step-<N>.tsv per traced step: each kernel's launches "
+              "and device time"),
       },
       [](const qrun::Config& c) { return std::make_unique<qrun_profilers::StepStats>(c); });
 }

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <numeric>
 
 namespace qrun_profilers {
@@ -32,7 +33,8 @@ std::string cell(double v, const char* spec) {
 
 }  // namespace
 
-StepStats::StepStats(const qrun::Config& c) : gpu_wanted_(c.get_bool("gpu")) {}
+StepStats::StepStats(const qrun::Config& c)
+    : gpu_wanted_(c.get_bool("gpu")), kernel_table_(c.get_bool("kernel_table")) {}
 
 StepStats::~StepStats() {
   if (tracing_step_) {
@@ -60,6 +62,7 @@ void StepStats::on_run_start(const std::string& run_dir) {
   handle_ = at::addGlobalCallback(
       at::RecordFunctionCallback(&count_op).scopes({at::RecordScope::FUNCTION}));
   gpu_ = gpu_wanted_ && cuda_available();
+  run_dir_ = run_dir;
   table_path_ = run_dir + "/step_stats.tsv";
   table_ = std::fopen(table_path_.c_str(), "a");
   QRUN_CHECK(table_ != nullptr, "step-stats: cannot write {}: {}", table_path_, std::strerror(errno));
@@ -102,6 +105,7 @@ void StepStats::on_step_end(const qrun::StepRecord& record) {
       for (const auto& e : key_events(*result))
         if (e.kind == KeyEvent::Kind::GpuKernel) intervals.emplace_back(e.start_ns, e.end_ns);
       kernels_ = static_cast<double>(intervals.size());
+      if (kernel_table_) write_kernel_table(record.step, *result);
       double wall_ns = record.seconds * 1e9;
       busy_ = wall_ns > 0 ? std::min(1.0, static_cast<double>(busy_ns(std::move(intervals))) / wall_ns) : kNa;
     }
@@ -112,6 +116,29 @@ void StepStats::on_step_end(const qrun::StepRecord& record) {
   std::fprintf(table_, "%lld\t%.6f\t%.0f\t%s\t%s\n", static_cast<long long>(record.step), record.seconds,
                cpu_ops_, cell(kernels_, "{:.0f}").c_str(), cell(busy_, "{:.4f}").c_str());
   QRUN_CHECK(std::fflush(table_) == 0, "step-stats: cannot write {}: {}", table_path_, std::strerror(errno));
+}
+
+// <run_dir>/kernels-step-<N>.tsv: every GPU kernel of the step by name, with its launches and
+// total device time, longest first (what `qrun bench --profile` groups and ranks).
+void StepStats::write_kernel_table(int64_t step, const kp::ProfilerResult& result) {
+  std::map<std::string, std::pair<int64_t, uint64_t>> by_name;
+  for (const auto& e : key_events(result))
+    if (e.kind == KeyEvent::Kind::GpuKernel) {
+      auto& slot = by_name[e.name];
+      slot.first++;
+      slot.second += e.end_ns - e.start_ns;
+    }
+  std::vector<std::pair<std::string, std::pair<int64_t, uint64_t>>> rows(by_name.begin(), by_name.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  std::string path = fmt::format("{}/kernels-step-{}.tsv", run_dir_, step);
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  QRUN_CHECK(f != nullptr, "step-stats: cannot write {}: {}", path, std::strerror(errno));
+  std::fprintf(f, "calls\ttotal_ns\tname\n");
+  for (const auto& [name, v] : rows)
+    std::fprintf(f, "%lld\t%llu\t%s\n", static_cast<long long>(v.first),
+                 static_cast<unsigned long long>(v.second), name.c_str());
+  const bool ok = std::fclose(f) == 0;
+  QRUN_CHECK(ok, "step-stats: cannot write {}: {}", path, std::strerror(errno));
 }
 
 std::vector<std::pair<std::string, double>> StepStats::step_metrics() {

@@ -7,11 +7,15 @@
 //   gpu_busy     the union of the kernels' device intervals / the step's wall time
 // Where no GPU can be profiled (a CPU machine, `gpu: false`, or a step torch-profiler is
 // recording) the GPU numbers are n/a (null in metrics.jsonl), never zeros.
+// With `kernel_table: true` each traced step also writes <run.dir>/kernels-step-<N>.tsv (every
+// kernel by name: launches, total device time).
 // The numbers go into each step's metrics (Profiler::step_metrics), one row per step into
 // <run.dir>/step_stats.tsv, and a summary (mean/min/max) to the log at the end of the run.
 #pragma once
 
 #include <qrun/sdk.h>
+
+#include "kineto_session.h"
 
 #include <ATen/record_function.h>
 
@@ -32,7 +36,10 @@ class StepStats : public qrun::Profiler {
 
  private:
   void stop_callback();
+  void write_kernel_table(int64_t step, const kp::ProfilerResult& result);
   bool gpu_wanted_;
+  bool kernel_table_;
+  std::string run_dir_;
   bool gpu_ = false;             // this run profiles GPU kernels
   bool tracing_step_ = false;    // a Kineto session is open for the current step
   bool in_step_ = false;

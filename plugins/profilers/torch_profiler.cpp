@@ -66,8 +66,13 @@ void TorchProfiler::on_step_begin(int64_t step) {
   in_step_ = true;
   Phase p = phase(steps_done_);
   if (p == Phase::Warmup && !prepared_ && !recording_) {
-    kp::prepareProfiler(kineto_config(record_shapes_), activities(true, cuda_available()));
-    prepared_ = true;
+    // Kineto holds one session per process. When another profiler has one open in this step
+    // (step-stats listed before torch-profiler traces each step), preparing now would be undone
+    // when that session closes; then only claim the next step, and start_recording() prepares.
+    if (!kp::isProfilerEnabledInMainThread()) {
+      kp::prepareProfiler(kineto_config(record_shapes_), activities(true, cuda_available()));
+      prepared_ = true;
+    }
     kineto_held_by_torch_profiler() = true;
   } else if ((p == Phase::Record || p == Phase::RecordLast) && !recording_) {
     start_recording();

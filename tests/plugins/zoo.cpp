@@ -7,7 +7,11 @@
 //   collator    zoo-collator  greedy packing under a token budget (every schema field type)
 //   profiler    zoo-profiler  logs step-time percentiles at the end of a run (float lists)
 //   model       zoo-bigram    embedding -> tanh -> vocabulary head over bytes; trains in seconds
+//   ops         zoo-scaled-ops  plain norms, SwiGLU and loss with the SwiGLU output scaled by
+//                             `swiglu_scale` (1 = the exact formulas): a backend that changes the
+//                             numbers on purpose, for `qrun compare`
 #include <qrun/sdk.h>
+#include <qrun/sdk/kernels.h>
 
 #include <ATen/ATen.h>
 #include <torch/serialize.h>
@@ -292,6 +296,31 @@ class ZooBigram : public qrun::Model {
   at::Tensor embed_, head_;
 };
 
+class ZooScaledOps final : public qrun::Ops {
+ public:
+  explicit ZooScaledOps(const qrun::Config& c) : scale_(c.get_float("swiglu_scale")) {}
+  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool zero_centred) override {
+    at::Tensor xf = x.to(at::kFloat);
+    at::Tensor n = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
+    return (n * (zero_centred ? w.to(at::kFloat) + 1.0 : w.to(at::kFloat))).to(x.scalar_type());
+  }
+  at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& z, const at::Tensor& w,
+                            double eps) override {
+    at::Tensor xf = x.to(at::kFloat);
+    at::Tensor n = (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
+    return (w * n * at::silu(z.to(at::kFloat))).to(x.scalar_type());
+  }
+  at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) override {
+    return at::silu(gate) * up * scale_;
+  }
+  at::Tensor linear_cross_entropy_sum(const at::Tensor& h, const at::Tensor& w, const at::Tensor& t) override {
+    return at::cross_entropy_loss(at::linear(h, w).to(at::kFloat), t, {}, at::Reduction::Sum, qrun::kIgnoreIndex);
+  }
+
+ private:
+  double scale_;
+};
+
 void register_zoo(qrun::Registrar& r) {
   r.add<qrun::Model>("zoo-bigram", "a tiny byte-level model for trainer tests",
                      qrun::Schema{qrun::Field::integer("hidden", 16).min(1).max(4096).doc("embedding width"),
@@ -327,6 +356,9 @@ void register_zoo(qrun::Registrar& r) {
       qrun::Schema{Field::float_list("percentiles", {50.0, 90.0}).min(0).max(100).size(2).doc(
                        "two percentiles to log at the end")},
       [](const qrun::Config& c) { return std::make_unique<ZooProfiler>(c); });
+  r.add<qrun::Ops>("zoo-scaled-ops", "plain ops with a scaled SwiGLU output (tests)",
+                   qrun::Schema{Field::number("swiglu_scale", 1.0).doc("factor on SwiGLU's output")},
+                   [](const qrun::Config& c) { return std::make_unique<ZooScaledOps>(c); });
 }
 
 }  // namespace

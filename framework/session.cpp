@@ -1,0 +1,254 @@
+// framework/session.cpp - see session.h.
+#include "session.h"
+
+#include "components.h"
+
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <dlfcn.h>
+
+#include <chrono>
+
+namespace qrun {
+
+c10::Device pick_device(const Config& run) {
+  const std::string& d = run.get_string("device");
+  bool cuda = torch::cuda::is_available();
+  if (d == "cuda") {
+    QRUN_CHECK(cuda, "{}: device is cuda, but no CUDA device is available", run.location("device"));
+    return c10::Device(c10::kCUDA, 0);
+  }
+  if (d == "auto" && cuda) return c10::Device(c10::kCUDA, 0);
+  return c10::Device(c10::kCPU);
+}
+
+namespace {
+
+c10::ScalarType dtype_of(const std::string& s) { return s == "bf16" ? c10::kBFloat16 : c10::kFloat; }
+
+// The device's name and the driver's CUDA version from the CUDA driver API, opened at run time:
+// LibTorch's C++ API has no device-name query outside its CUDA headers, which CPU builds of the
+// host do not have, and the driver library exists exactly where a GPU does. Five calls, no
+// headers (their C signatures are stable since CUDA 2).
+struct DriverFacts {
+  std::string name, version;
+};
+DriverFacts driver_facts(int index) {
+  DriverFacts f;
+  void* h = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (h == nullptr) return f;
+  using InitFn = int (*)(unsigned);
+  using GetFn = int (*)(int*, int);
+  using NameFn = int (*)(char*, int, int);
+  using VersionFn = int (*)(int*);
+  auto init = reinterpret_cast<InitFn>(::dlsym(h, "cuInit"));
+  auto get = reinterpret_cast<GetFn>(::dlsym(h, "cuDeviceGet"));
+  auto name = reinterpret_cast<NameFn>(::dlsym(h, "cuDeviceGetName"));
+  auto version = reinterpret_cast<VersionFn>(::dlsym(h, "cuDriverGetVersion"));
+  int dev = 0, v = 0;
+  char buf[256] = {0};
+  if (init && get && name && init(0) == 0 && get(&dev, index) == 0 && name(buf, sizeof(buf), dev) == 0)
+    f.name = buf;
+  if (version && version(&v) == 0) f.version = fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
+  return f;  // the handle stays open: the CUDA runtime holds the same library
+}
+
+}  // namespace
+
+double known_peak_tflops(const std::string& name, std::string* matched) {
+  // Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, most specific first.
+  struct Known {
+    const char* pattern;
+    const char* label;
+    double tflops;
+  };
+  static const Known table[] = {
+      {"H100 PCIe", "H100 PCIe", 756.0},  {"H100 NVL", "H100 NVL", 835.0},
+      {"GH200", "GH200", 989.4},          {"H200", "H200", 989.4},
+      {"H100", "H100 SXM", 989.4},        {"H800", "H800 SXM", 989.4},
+      {"B200", "B200", 2250.0},           {"A100", "A100", 312.0},
+      {"A800", "A800", 312.0},            {"L40S", "L40S", 362.05},
+  };
+  for (const auto& k : table)
+    if (name.find(k.pattern) != std::string::npos) {
+      if (matched) *matched = k.label;
+      return k.tflops;
+    }
+  return std::nan("");
+}
+
+DeviceInfo device_info(const c10::Device& device, const Config& train) {
+  DeviceInfo d;
+  if (device.is_cuda()) {
+    DriverFacts f = driver_facts(device.index() < 0 ? 0 : device.index());
+    d.name = f.name.empty() ? "unknown CUDA device" : f.name;
+    d.driver = f.version;
+    long rt = at::detail::getCUDAHooks().versionCUDART();
+    if (rt > 0) d.cuda_runtime = fmt::format("{}.{}", rt / 1000, (rt % 1000) / 10);
+  } else {
+    d.name = "cpu";
+  }
+  const double set = train.get_float("peak_tflops");
+  std::string label;
+  if (set > 0) {
+    d.peak_flops = set * 1e12;
+    d.peak_source = "train.peak_tflops";
+  } else if (device.is_cuda() && std::isfinite(known_peak_tflops(d.name, &label))) {
+    d.peak_flops = known_peak_tflops(d.name) * 1e12;
+    d.peak_source = fmt::format("device table ({})", label);
+  } else {
+    d.peak_source = device.is_cuda() ? "unknown device: set train.peak_tflops" : "cpu: no peak";
+  }
+  return d;
+}
+
+// Peak device memory through the caching allocator's statistics (the device-generic face of
+// c10::cuda::CUDACachingAllocator, so CPU-only builds link too).
+void reset_peak_device_memory(const c10::Device& d) {
+  if (d.is_cuda()) at::accelerator::resetPeakStats(d.index());
+}
+std::pair<double, double> peak_device_memory_mib(const c10::Device& d) {
+  auto stats = at::accelerator::getDeviceStats(d.index());
+  constexpr auto kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return {static_cast<double>(stats.allocated_bytes[kAll].peak) / (1 << 20),
+          static_cast<double>(stats.reserved_bytes[kAll].peak) / (1 << 20)};
+}
+
+Session::Session(const Recipe& r, const Registry& reg) : recipe(r), registry(reg) {
+  run_dir = r.section("run").get_string("dir");
+  device = pick_device(r.section("run"));
+  QRUN_CHECK(r.component("model") != nullptr, "{}: a training run needs a model: section", r.file);
+  QRUN_CHECK(r.component("data.dataset") != nullptr, "{}: a training run needs data.dataset", r.file);
+  at::manual_seed(static_cast<uint64_t>(r.section("run").get_int("seed")));
+  // Kernels the recipe resolved (named, or an installed default); the model says if it lacks one.
+  if (r.component("kernels.attention")) attention = make_component<Attention>(r, reg, "kernels.attention");
+  if (r.component("kernels.linear_attention"))
+    linear_attention = make_component<LinearAttention>(r, reg, "kernels.linear_attention");
+  if (r.component("kernels.conv1d")) conv1d = make_component<Conv1d>(r, reg, "kernels.conv1d");
+  if (r.component("kernels.ops")) ops = make_component<Ops>(r, reg, "kernels.ops");
+  model = make_component<Model>(r, reg, "model");
+  ModelPlacement placement;
+  placement.device = device;
+  placement.param_dtype = dtype_of(r.section("precision").get_string("param"));
+  placement.compute_dtype = dtype_of(r.section("precision").get_string("compute"));
+  placement.seed = static_cast<uint64_t>(r.section("run").get_int("seed"));
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    model->build({attention.get(), linear_attention.get(), conv1d.get(), ops.get()}, placement);
+  } catch (Error& e) {
+    e.add_context(fmt::format("while building model '{}'", r.component("model")->name));
+    throw;
+  }
+  if (device.is_cuda()) torch::cuda::synchronize();
+  build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  tokenizer = make_component<Tokenizer>(r, reg, "data.tokenizer");
+  chat = make_component<ChatFormat>(r, reg, "data.chat_format");
+  dataset = make_component<Dataset>(r, reg, "data.dataset");
+  collator = make_component<Collator>(r, reg, "data.collator");
+  for (const auto& p : r.profilers) profilers.push_back(reg.create<Profiler>(p.name, p.config));
+}
+
+DataContext Session::data_context() const {
+  return DataContext{tokenizer.get(), chat.get(),
+                     static_cast<uint64_t>(recipe.section("run").get_int("seed"))};
+}
+
+const char* Session::eval_path() const {
+  return recipe.component("data.eval_dataset") ? "data.eval_dataset" : "data.dataset";
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Session::trainable_parameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& [n, p] : model->named_parameters())
+    if (p.requires_grad()) out.emplace_back(n, p);
+  return out;
+}
+
+AdamWOptions Session::adamw_options() const {
+  const Config& optc = recipe.section("optimizer");
+  AdamWOptions ao;
+  ao.lr = optc.get_float("lr");
+  ao.beta1 = optc.get_float_list("betas")[0];
+  ao.beta2 = optc.get_float_list("betas")[1];
+  ao.eps = optc.get_float("eps");
+  ao.weight_decay = optc.get_float("weight_decay");
+  ao.master_weights = recipe.section("precision").get_bool("master_weights");
+  return ao;
+}
+
+StepOutcome train_step(Session& s, AdamW& opt,
+                       const std::vector<std::pair<std::string, at::Tensor>>& trainable,
+                       const std::vector<Batch>& micro, double clip, double lr) {
+  StepOutcome o;
+  for (const auto& b : micro) {
+    o.loss_tokens += b.loss_tokens;
+    o.real += b.real_tokens;
+    o.pad += b.padding_tokens;
+    for (int64_t i = 0; i < b.num_seqs(); ++i) o.seq_lens.push_back(b.seq.seq_len(i));
+    o.sample_ids.insert(o.sample_ids.end(), b.sample_ids.begin(), b.sample_ids.end());
+  }
+  // Forward + backward; the loss sums stay on the device (fp64, as the host sum was) until the
+  // one read below.
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(s.device));
+  if (o.loss_tokens > 0) {
+    for (const auto& b : micro) {
+      ModelOutput out = s.model->forward(b.to(s.device));
+      (out.loss_sum / static_cast<double>(o.loss_tokens)).backward();
+      loss_sum = loss_sum + out.loss_sum.detach().to(at::kDouble);
+    }
+  }
+  std::vector<at::Tensor> grads;
+  for (const auto& [n, p] : trainable)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  at::Tensor gnorm_t = at::zeros({}, loss_sum.options());
+  if (!grads.empty()) {
+    std::vector<at::Tensor> norms;
+    norms.reserve(grads.size());
+    for (auto& g : grads) norms.push_back(g.detach().to(at::kFloat).norm());
+    gnorm_t = at::stack(norms).norm().to(at::kDouble);
+  }
+  at::Tensor host = at::stack({loss_sum, gnorm_t}).cpu();
+  const double* h = host.data_ptr<double>();
+  o.loss = o.loss_tokens > 0 ? h[0] / static_cast<double>(o.loss_tokens) : std::nan("");
+  o.grad_norm = h[1];
+  if (clip > 0 && o.grad_norm > clip)
+    for (auto& g : grads) g.mul_(clip / (o.grad_norm + 1e-6));
+  o.finite = std::isfinite(o.grad_norm) && (o.loss_tokens == 0 || std::isfinite(o.loss));
+  if (o.finite) {
+    if (o.loss_tokens > 0) opt.step(lr);
+    opt.zero_grad();
+    if (s.device.is_cuda()) torch::cuda::synchronize();
+  }
+  return o;
+}
+
+std::string oom_hints(const Recipe& r) {
+  std::vector<std::string> hints;
+  const ComponentSpec* coll = r.component("data.collator");
+  if (coll && coll->config.has("tokens_per_batch"))
+    hints.push_back(fmt::format("lower data.collator.tokens_per_batch (now {}; {}) and raise "
+                                "train.grad_accum to keep the batch",
+                                coll->config.get_int("tokens_per_batch"),
+                                coll->config.location("tokens_per_batch")));
+  else
+    hints.push_back("make the batches smaller (data.collator) and raise train.grad_accum");
+  const ComponentSpec* model = r.component("model");
+  if (model && model->config.has("activation_checkpointing"))
+    hints.push_back(fmt::format("turn on activation checkpointing (model.activation_checkpointing: "
+                                "full; now {})",
+                                format_value(model->config.values().at("activation_checkpointing"))));
+  else
+    hints.push_back("turn on activation checkpointing if the model has it");
+  if (r.section("precision").get_string("param") != "bf16" ||
+      r.section("precision").get_string("compute") != "bf16")
+    hints.push_back("use bf16 (precision.param: bf16, precision.compute: bf16, with "
+                    "precision.master_weights: true)");
+  std::string out;
+  for (const auto& h : hints) out += "\n  - " + h;
+  return out;
+}
+
+}  // namespace qrun

@@ -1,0 +1,94 @@
+// framework/session.h - what a training run and a benchmark share: the components a recipe
+// builds (in dependency order), the device and what is known about it, and one optimizer step.
+#pragma once
+
+#include "optimizer.h"
+#include "recipe.h"
+#include "registry.h"
+
+#include <qrun/sdk/batch.h>
+#include <qrun/sdk/data.h>
+#include <qrun/sdk/kernels.h>
+#include <qrun/sdk/model.h>
+#include <qrun/sdk/run.h>
+
+#include <c10/core/Device.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace qrun {
+
+c10::Device pick_device(const Config& run);
+
+// What the device is, for reports and MFU. `peak_flops`: dense bf16 FLOP/s from
+// train.peak_tflops when set, else from the table of known devices (known_peak_tflops), else NaN
+// (MFU is then reported as null, never guessed).
+struct DeviceInfo {
+  std::string name;          // "NVIDIA H200", "cpu"
+  std::string driver;        // "13.0" (CUDA driver API version), "" on CPU
+  std::string cuda_runtime;  // the CUDA runtime LibTorch runs with, "" on CPU
+  double peak_flops = std::nan("");
+  std::string peak_source;   // "train.peak_tflops", "device table (H200)", "unknown device"
+};
+DeviceInfo device_info(const c10::Device& device, const Config& train);
+// Dense bf16 tensor-core TFLOP/s of a device by its name, NaN when the name is not in the table.
+double known_peak_tflops(const std::string& device_name, std::string* matched = nullptr);
+
+void reset_peak_device_memory(const c10::Device& d);
+// {allocated, reserved} peaks in MiB since the last reset.
+std::pair<double, double> peak_device_memory_mib(const c10::Device& d);
+
+// Everything a step needs, built from the recipe: kernels, then the model (on the device), the
+// data components and the profilers. The dataset is optional only for benchmarks that bring
+// their own data (none do today: `bench --synthetic` names the synthetic dataset plugin).
+struct Session {
+  const Recipe& recipe;
+  const Registry& registry;
+  std::filesystem::path run_dir;
+  c10::Device device = c10::Device(c10::kCPU);
+  std::unique_ptr<Attention> attention;
+  std::unique_ptr<LinearAttention> linear_attention;
+  std::unique_ptr<Conv1d> conv1d;
+  std::unique_ptr<Ops> ops;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ChatFormat> chat;
+  std::unique_ptr<Dataset> dataset;
+  std::unique_ptr<Collator> collator;
+  std::vector<std::unique_ptr<Profiler>> profilers;
+  double build_seconds = 0;  // building the model (initialisation or checkpoint load)
+
+  Session(const Recipe& r, const Registry& reg);
+  DataContext data_context() const;
+  // The evaluation data: data.eval_dataset, else the training data (as `qrun eval`).
+  const char* eval_path() const;
+  std::vector<std::pair<std::string, at::Tensor>> trainable_parameters() const;
+  AdamWOptions adamw_options() const;
+};
+
+// One optimizer step over `micro` (its micro-batches, CPU tensors):
+//   forward + backward of each, the loss of each scaled by 1 / (loss tokens of the whole step),
+//   so N micro-batches give exactly the gradient of one batch of the same samples;
+//   the global gradient norm, clipping to `clip` (0 = off), the NaN/Inf guard;
+//   when finite, AdamW at `lr` and zeroed gradients (not finite: the gradients stay for the
+//   caller to report and zero). One host read per step (loss and norm together); on CUDA the
+//   step ends synchronised, so its wall time is its GPU time.
+struct StepOutcome {
+  double loss = std::nan("");  // mean over the loss tokens; NaN without loss tokens
+  double grad_norm = 0;
+  bool finite = true;
+  int64_t loss_tokens = 0, real = 0, pad = 0;
+  std::vector<int64_t> seq_lens, sample_ids;
+};
+StepOutcome train_step(Session& s, AdamW& opt,
+                       const std::vector<std::pair<std::string, at::Tensor>>& trainable,
+                       const std::vector<Batch>& micro, double clip, double lr);
+
+// The hints of a CUDA out-of-memory error, naming the recipe's own settings where it has them.
+std::string oom_hints(const Recipe& r);
+
+}  // namespace qrun
