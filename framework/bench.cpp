@@ -498,7 +498,7 @@ std::string kernel_group(const std::string& n) {
   if (has("gemm") || has("Gemm") || has("cutlass") || has("xmma") || has("nvjet") || has("cublas") ||
       has("sm90_") || has("sm80_") || has("wgmma"))
     return "GEMM (cuBLAS)";
-  if (has("softmax") || has("nll_loss") || has("cross_entropy")) return "softmax / loss";
+  if (has("softmax") || has("SoftMax") || has("nll_loss") || has("cross_entropy")) return "softmax / loss";
   if (has("reduce_kernel") || has("norm") || has("Reduce")) return "reductions and norms";
   if (has("elementwise") || has("vectorized") || has("unrolled") || has("CatArray") || has("copy") ||
       has("fill") || has("index") || has("scatter") || has("gather"))

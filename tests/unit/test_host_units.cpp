@@ -1,10 +1,14 @@
 // tests/unit - unit tests of the host's small modules: edit distance and suggestions, the
 // registry's conflict handling, Config access rules, --set parsing.
+#include "bench.h"
 #include "recipe.h"
 #include "registry.h"
+#include "session.h"
 #include "text.h"
 
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 namespace {
 
@@ -97,3 +101,33 @@ TEST(Layering, FrameworkNeverIncludesPlugins) {
 }
 
 }  // namespace
+
+// MFU's peak: the device table by name, most specific entry first; unknown devices get none.
+TEST(DevicePeak, KnownDevicesByName) {
+  std::string label;
+  EXPECT_DOUBLE_EQ(qrun::known_peak_tflops("NVIDIA H100 80GB HBM3", &label), 989.4);
+  EXPECT_EQ(label, "H100 SXM");
+  EXPECT_DOUBLE_EQ(qrun::known_peak_tflops("NVIDIA H100 PCIe"), 756.0);
+  EXPECT_DOUBLE_EQ(qrun::known_peak_tflops("NVIDIA H100 NVL"), 835.0);
+  EXPECT_DOUBLE_EQ(qrun::known_peak_tflops("NVIDIA H200", &label), 989.4);
+  EXPECT_EQ(label, "H200");
+  EXPECT_DOUBLE_EQ(qrun::known_peak_tflops("NVIDIA GH200 480GB", &label), 989.4);
+  EXPECT_EQ(label, "GH200");
+  EXPECT_DOUBLE_EQ(qrun::known_peak_tflops("NVIDIA A100-SXM4-80GB"), 312.0);
+  EXPECT_TRUE(std::isnan(qrun::known_peak_tflops("NVIDIA GeForce GTX 1080")));
+  EXPECT_TRUE(std::isnan(qrun::known_peak_tflops("")));
+}
+
+TEST(BenchProfile, KernelGroups) {
+  EXPECT_EQ(qrun::kernel_group("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNT"), "GEMM (cuBLAS)");
+  EXPECT_EQ(qrun::kernel_group("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64"), "GEMM (cuBLAS)");
+  EXPECT_EQ(qrun::kernel_group("void qrun::gdn::gdn_bwd_chunk_kernel<64>(qrun::gdn::Params)"), "gated delta rule");
+  EXPECT_EQ(qrun::kernel_group("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>"),
+            "optimizer (AdamW)");
+  EXPECT_EQ(qrun::kernel_group("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add>"),
+            "element-wise and copies");
+  EXPECT_EQ(qrun::kernel_group("void at::native::(anonymous namespace)::cunn_SoftMaxForward<8>"), "softmax / loss");
+  EXPECT_EQ(qrun::kernel_group("void at::native::reduce_kernel<512, 1>"), "reductions and norms");
+  EXPECT_EQ(qrun::kernel_group("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<256>>"), "attention (fused)");
+  EXPECT_EQ(qrun::kernel_group("some_new_kernel"), "other");
+}
