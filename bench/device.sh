@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The real qrun on the GPU machine in one call. The GPU image has LibTorch (the torch wheel), but
+# not the Debian libraries qrun links (yaml-cpp, Boost.Filesystem, spdlog, fmt, PCRE2, utf8proc):
+# `--pack` gathers on the dev machine the stripped host, its plugins and those libraries into
+# build-dev/host (about 10 MB; the device tool carries it), and the run mode uses the GPU
+# image's own LibTorch and pyarrow (Arrow C++, for the chat-data plugin).
+#
+#   bash bench/device.sh --pack [BUILD_DIR]        on the dev machine (default BUILD_DIR: build)
+#   bash bench/device.sh OUT_DIR [STEP ...]         on the GPU machine; logs go to OUT_DIR
+# Steps (default: env smoke):
+#   env     the GPU, driver, torch, pyarrow, matplotlib; `qrun --version` and `plugins list`
+#   smoke   the GPU smoke test of the real host (bench/smoke_gpu.sh)
+#   gdn     the gated delta kernels' conformance grid and one benchmark round, for every build in
+#           build-dev/gdn/* (e.g. old/ and new/: the same call compares them)
+#   stages  the seed's three stages and the Hugging Face anchor (bench/seed_stages.sh)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ "${1:-}" == "--pack" ]]; then
+  B=${2:-build}; D="$root/build-dev/host"
+  rm -rf "$D"; mkdir -p "$D/bin" "$D/lib/qrun/plugins" "$D/deb"
+  strip --strip-debug -o "$D/bin/qrun" "$B/bin/qrun"
+  for p in "$B"/lib/qrun/plugins/*.so; do strip --strip-debug -o "$D/lib/qrun/plugins/$(basename "$p")" "$p"; done
+  for f in "$D/bin/qrun" "$D"/lib/qrun/plugins/*.so; do ldd "$f"; done |
+    awk '/=> \/(usr\/)?lib\/x86_64-linux-gnu\/lib(yaml-cpp|boost_|spdlog|fmt|pcre2|utf8proc)/ {print $3}' |
+    sort -u | while read -r so; do cp -L "$so" "$D/deb/"; done
+  # The Hugging Face anchor lives in ../shared, which does not travel to the GPU machine.
+  if [[ -f "$root/../shared/bench/hf_anchor.py" ]]; then
+    mkdir -p "$root/build-dev/anchor" && cp "$root/../shared/bench/hf_anchor.py" "$root/build-dev/anchor/"
+  fi
+  du -sh "$D"; ls "$D/deb"; exit 0
+fi
+OUT=${1:?usage: bench/device.sh OUT_DIR [STEP ...]}; shift
+steps=${*:-env smoke}
+has() { [[ " $steps " == *" $1 "* ]]; }
+mkdir -p "$OUT"
+H="$root/build-dev/host"
+TORCH_DIR=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')
+ARROW_DIR=$(python3 -c 'import pyarrow;print(pyarrow.get_library_dirs()[0])' 2>/dev/null || true)
+export LD_LIBRARY_PATH="$H/deb:$TORCH_DIR/lib:$(dirname "$TORCH_DIR")/nvidia/cu13/lib:${ARROW_DIR}:${LD_LIBRARY_PATH:-}"
+export QRUN_BIN="$H/bin/qrun"
+if has env; then
+  { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    python3 -c 'import torch;print("torch", torch.__version__, "cuda", torch.version.cuda)'
+    python3 -c 'import pyarrow;print("pyarrow", pyarrow.__version__, pyarrow.get_library_dirs()[0])' 2>&1 | tail -1
+    python3 -c 'import matplotlib;print("matplotlib", matplotlib.__version__)' 2>&1 | tail -1
+    python3 -c 'import transformers;print("transformers", transformers.__version__)' 2>&1 | tail -1
+    python3 -c 'import fla;print("fla", fla.__version__)' 2>&1 | tail -1
+    ls "$ARROW_DIR" 2>/dev/null | grep -E "^lib(arrow|parquet)\.so" | tr '\n' ' '; echo
+    "$QRUN_BIN" --version; "$QRUN_BIN" plugins list; } > "$OUT/env.txt" 2>&1
+  echo "env rc=$?"; cat "$OUT/env.txt"
+fi
+if has gdn; then
+  for d in "$root"/build-dev/gdn/*/; do
+    v=$(basename "$d")
+    timeout 300 "$d/test_gated_delta" > "$OUT/gdn_$v.log" 2>&1; echo "gdn $v conformance rc=$?"
+    grep -E "passed|FAIL" "$OUT/gdn_$v.log" | tail -3
+    timeout 120 "$d/bench" > "$OUT/gdn_bench_$v.log" 2>&1; echo "gdn $v bench rc=$?"; cat "$OUT/gdn_bench_$v.log"
+  done
+fi
+if has smoke; then bash "$root/bench/smoke_gpu.sh" "$OUT" > "$OUT/smoke.log" 2>&1; echo "smoke rc=$?"; tail -40 "$OUT/smoke.log"; fi
+if has stages; then bash "$root/bench/seed_stages.sh" "$OUT" > "$OUT/stages.log" 2>&1; echo "stages rc=$?"; tail -40 "$OUT/stages.log"; fi
