@@ -12,6 +12,7 @@
 #   smoke   the GPU smoke test of the real host (bench/smoke_gpu.sh)
 #   gdn     the gated delta kernels' conformance grid and one benchmark round, for every build in
 #           build-dev/gdn/* (e.g. old/ and new/: the same call compares them)
+#   (DEVICE_TAR=1: everything under OUT_DIR folded into OUT_DIR/device.tgz at the end)
 #   stages  the seed's three stages and the Hugging Face anchor (bench/seed_stages.sh)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,6 +24,13 @@ if [[ "${1:-}" == "--pack" ]]; then
   for f in "$D/bin/qrun" "$D"/lib/qrun/plugins/*.so; do ldd "$f"; done |
     awk '/=> \/(usr\/)?lib\/x86_64-linux-gnu\/lib(yaml-cpp|boost_|spdlog|fmt|pcre2|utf8proc)/ {print $3}' |
     sort -u | while read -r so; do cp -L "$so" "$D/deb/"; done
+  # Arrow C++ as the chat-data plugin was linked with (pyarrow's soname), compressed (about 15 MB):
+  # used on the GPU machine only when its own pyarrow has another soname.
+  arrow=$(ldd "$D/lib/qrun/plugins/libqrun-chat-data.so" | awk '/libarrow\.so/ {print $3}')
+  if [[ -n "$arrow" && ! -f "$root/build-dev/arrow.tar.xz" ]]; then
+    tar -C "$(dirname "$arrow")" -cf - "$(basename "$arrow")" "$(basename "$arrow" | sed 's/arrow/parquet/')" |
+      xz -T0 -6 > "$root/build-dev/arrow.tar.xz"
+  fi
   # The Hugging Face anchor lives in ../shared, which does not travel to the GPU machine.
   if [[ -f "$root/../shared/bench/hf_anchor.py" ]]; then
     mkdir -p "$root/build-dev/anchor" && cp "$root/../shared/bench/hf_anchor.py" "$root/build-dev/anchor/"
@@ -36,6 +44,10 @@ mkdir -p "$OUT"
 H="$root/build-dev/host"
 TORCH_DIR=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')
 ARROW_DIR=$(python3 -c 'import pyarrow;print(pyarrow.get_library_dirs()[0])' 2>/dev/null || true)
+want=$(ls "$H/../arrow.tar.xz" >/dev/null 2>&1 && xz -dc "$H/../arrow.tar.xz" | tar -t | grep libarrow)
+if [[ -n "$want" && ! -f "$ARROW_DIR/$want" ]]; then  # the image's pyarrow has another Arrow soname
+  mkdir -p /tmp/qrun-arrow && xz -dc "$H/../arrow.tar.xz" | tar -x -C /tmp/qrun-arrow && ARROW_DIR=/tmp/qrun-arrow
+fi
 export LD_LIBRARY_PATH="$H/deb:$TORCH_DIR/lib:$(dirname "$TORCH_DIR")/nvidia/cu13/lib:${ARROW_DIR}:${LD_LIBRARY_PATH:-}"
 export QRUN_BIN="$H/bin/qrun"
 if has env; then
@@ -49,13 +61,17 @@ if has env; then
     "$QRUN_BIN" --version; "$QRUN_BIN" plugins list; } > "$OUT/env.txt" 2>&1
   echo "env rc=$?"; cat "$OUT/env.txt"
 fi
+if has smoke; then bash "$root/bench/smoke_gpu.sh" "$OUT" > "$OUT/smoke.log" 2>&1; echo "smoke rc=$?"; tail -40 "$OUT/smoke.log"; fi
 if has gdn; then
   for d in "$root"/build-dev/gdn/*/; do
     v=$(basename "$d")
-    timeout 300 "$d/test_gated_delta" > "$OUT/gdn_$v.log" 2>&1; echo "gdn $v conformance rc=$?"
+    timeout ${GDN_TIMEOUT:-240} "$d/test_gated_delta" > "$OUT/gdn_$v.log" 2>&1; echo "gdn $v conformance rc=$?"
     grep -E "passed|FAIL" "$OUT/gdn_$v.log" | tail -3
     timeout 120 "$d/bench" > "$OUT/gdn_bench_$v.log" 2>&1; echo "gdn $v bench rc=$?"; cat "$OUT/gdn_bench_$v.log"
   done
 fi
-if has smoke; then bash "$root/bench/smoke_gpu.sh" "$OUT" > "$OUT/smoke.log" 2>&1; echo "smoke rc=$?"; tail -40 "$OUT/smoke.log"; fi
 if has stages; then bash "$root/bench/seed_stages.sh" "$OUT" > "$OUT/stages.log" 2>&1; echo "stages rc=$?"; tail -40 "$OUT/stages.log"; fi
+# The device tool brings back at most 8 files: DEVICE_TAR=1 folds OUT_DIR into OUT_DIR/device.tgz.
+if [[ -n "${DEVICE_TAR:-}" ]]; then
+  tar -C "$OUT" -czf /tmp/qrun-device.tgz . && find "$OUT" -mindepth 1 -delete && mv /tmp/qrun-device.tgz "$OUT/device.tgz"
+fi
