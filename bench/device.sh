@@ -12,7 +12,6 @@
 #   smoke   the GPU smoke test of the real host (bench/smoke_gpu.sh)
 #   gdn     the gated delta kernels' conformance grid and one benchmark round, for every build in
 #           build-dev/gdn/* (e.g. old/ and new/: the same call compares them)
-#   (DEVICE_TAR=1: everything under OUT_DIR folded into OUT_DIR/device.tgz at the end)
 #   stages  the seed's three stages and the Hugging Face anchor (bench/seed_stages.sh)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,7 +39,12 @@ fi
 OUT=${1:?usage: bench/device.sh OUT_DIR [STEP ...]}; shift
 steps=${*:-env smoke}
 has() { [[ " $steps " == *" $1 "* ]]; }
-mkdir -p "$OUT"
+# The device tool brings back at most 8 files: DEVICE_TAR=1 writes the logs elsewhere and folds
+# them into OUT_DIR/device.tgz after every step (so a call cut short still brings back the rest).
+final_out=$OUT
+if [[ -n "${DEVICE_TAR:-}" ]]; then OUT=/tmp/qrun-device-out; rm -rf "$OUT"; fi
+mkdir -p "$OUT" "$final_out"
+fold() { [[ -n "${DEVICE_TAR:-}" ]] && tar -C "$OUT" -czf "$final_out/device.tgz" . ; true; }
 H="$root/build-dev/host"
 TORCH_DIR=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')
 ARROW_DIR=$(python3 -c 'import pyarrow;print(pyarrow.get_library_dirs()[0])' 2>/dev/null || true)
@@ -61,17 +65,17 @@ if has env; then
     "$QRUN_BIN" --version; "$QRUN_BIN" plugins list; } > "$OUT/env.txt" 2>&1
   echo "env rc=$?"; cat "$OUT/env.txt"
 fi
+fold
 if has smoke; then bash "$root/bench/smoke_gpu.sh" "$OUT" > "$OUT/smoke.log" 2>&1; echo "smoke rc=$?"; tail -40 "$OUT/smoke.log"; fi
+fold
+if has stages; then bash "$root/bench/seed_stages.sh" "$OUT" > "$OUT/stages.log" 2>&1; echo "stages rc=$?"; tail -40 "$OUT/stages.log"; fi
+fold
 if has gdn; then
   for d in "$root"/build-dev/gdn/*/; do
     v=$(basename "$d")
-    timeout ${GDN_TIMEOUT:-240} "$d/test_gated_delta" > "$OUT/gdn_$v.log" 2>&1; echo "gdn $v conformance rc=$?"
+    timeout ${GDN_TIMEOUT:-150} "$d/test_gated_delta" > "$OUT/gdn_$v.log" 2>&1; echo "gdn $v conformance rc=$?"
     grep -E "passed|FAIL" "$OUT/gdn_$v.log" | tail -3
-    timeout 120 "$d/bench" > "$OUT/gdn_bench_$v.log" 2>&1; echo "gdn $v bench rc=$?"; cat "$OUT/gdn_bench_$v.log"
+    timeout ${GDN_BENCH_TIMEOUT:-60} "$d/bench" > "$OUT/gdn_bench_$v.log" 2>&1; echo "gdn $v bench rc=$?"; cat "$OUT/gdn_bench_$v.log"
+    fold
   done
-fi
-if has stages; then bash "$root/bench/seed_stages.sh" "$OUT" > "$OUT/stages.log" 2>&1; echo "stages rc=$?"; tail -40 "$OUT/stages.log"; fi
-# The device tool brings back at most 8 files: DEVICE_TAR=1 folds OUT_DIR into OUT_DIR/device.tgz.
-if [[ -n "${DEVICE_TAR:-}" ]]; then
-  tar -C "$OUT" -czf /tmp/qrun-device.tgz . && find "$OUT" -mindepth 1 -delete && mv /tmp/qrun-device.tgz "$OUT/device.tgz"
 fi

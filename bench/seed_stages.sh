@@ -20,7 +20,7 @@ for stage in baseline fused packed; do
   t0=$(date +%s)
   timeout ${STAGE_TIMEOUT:-240} "$qrun" bench recipes/qwen27b_$stage.yaml --set model.num_layers=$L \
     --set run.dir=/tmp/qrun-stage-$stage --synthetic chat --steps ${STEPS:-10} --warmup 3 \
-    --label "$stage" --json "$OUT/stage_$stage.json" > "$OUT/stage_$stage.log" 2>&1
+    $([[ $stage == packed ]] && echo --profile) --label "$stage" --json "$OUT/stage_$stage.json" > "$OUT/stage_$stage.log" 2>&1
   echo "$stage: rc=$? in $(( $(date +%s) - t0 )) s"
   grep -E "real tokens/s|MFU|step time median|error" "$OUT/stage_$stage.log" | head -4
 done

@@ -5,7 +5,8 @@
 #   1. 10 steps through the trainer and AdamW on CUDA, with step-stats and torch-profiler in one
 #      recipe: exit 0, finite losses that fall, a checkpoint at step 5;
 #   2. --resume from that checkpoint to step 6: the same step-6 loss as the uninterrupted run;
-#   3. `qrun bench --synthetic chat --profile` of the same recipe (the JSON goes to OUT_DIR).
+#   3. `qrun bench --synthetic chat --profile` of the same recipe (the JSON goes to OUT_DIR;
+#      SMOKE_BENCH=0 leaves it out, e.g. when bench/seed_stages.sh runs in the same call).
 # Usage: bench/smoke_gpu.sh OUT_DIR   (QRUN_BIN: the qrun binary, default build/bin/qrun)
 set -uo pipefail
 OUT=${1:?OUT_DIR}; mkdir -p "$OUT"
@@ -48,6 +49,7 @@ assert abs(a - b) <= 1e-3 * abs(a), "the resumed run's step 6 loss differs"
 print("smoke: losses finite and falling, resume reproduces step 6")
 PY
 ls "$W/run/profiler" > /dev/null 2>&1 && echo "torch-profiler trace: $(ls "$W/run/profiler" | tr '\n' ' ')"
+[[ "${SMOKE_BENCH:-1}" == 0 ]] && { rm -rf "$W"; exit $fail; }
 t0=$(date +%s)
 "$qrun" bench recipes/qwen27b_packed.yaml --set model.num_layers=4 --set run.dir="$W/bench" \
   --synthetic chat --steps ${BENCH_STEPS:-10} --warmup 3 --profile --label "27b x4 packed (fla-gated-delta)" \

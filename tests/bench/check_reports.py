@@ -63,8 +63,9 @@ def main():
             assert n["verdict"] == "same" and n["first_divergent_step"] is None
             assert all(d == 0.0 for d in n["loss_abs_diff"]), n["loss_abs_diff"]
             assert all(d == 0.0 for d in n["grad_norm_rel_diff"]), n["grad_norm_rel_diff"]
-            for k in ["tokens_per_s", "step_time_median_s"]:  # timings on a shared 2-core machine
-                assert 0.25 < j["ratios"][k] < 4.0, (k, j["ratios"][k])
+            # Timings are not asserted (CI machines are shared): only that each ratio is reported.
+            for k in ["tokens_per_s", "step_time_median_s"]:
+                assert j["ratios"][k] > 0 and math.isfinite(j["ratios"][k]), (k, j["ratios"][k])
             assert j["ratios"]["cpu_ops_per_step"] == 1.0
         else:
             assert n["verdict"] == "diverged" and n["first_divergent_step"] == 1, n
