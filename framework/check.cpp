@@ -4,9 +4,11 @@
 // their gradients from that description.
 #include "check.h"
 
+#include "kernel_backend.h"
 #include "text.h"
 
 #include <qrun/sdk/kernels.h>
+#include <qrun/sdk/ops.h>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -20,6 +22,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <functional>
+#include <set>
 
 namespace qrun {
 namespace {
@@ -42,6 +45,7 @@ using GradScales = std::function<std::vector<at::Tensor>(const std::vector<Input
 
 struct Case {
   std::string name;
+  std::string op;             // ops: the operation (op::X::kName) the case calls
   std::vector<int64_t> lens;  // empty: no sample structure (ops)
   std::vector<Input> inputs;
   Call call;
@@ -305,22 +309,43 @@ const std::vector<std::vector<int64_t>> kLensGrid = {{1, 2, 3, 63, 64, 65, 200},
 
 std::string lens_str(const std::vector<int64_t>& l) { return fmt::format("[{}]", fmt::join(l, ",")); }
 
-std::vector<Case> attention_cases(at::Generator& g) {
+// The production shapes (`big`, on CUDA): 27B's full attention (24 query / 4 kv heads of 256) on
+// a chat-like 8,192-token batch and on many tiny samples.
+const std::vector<int64_t> kChatLens = {900, 3000, 17, 1, 2048, 2226};
+
+std::vector<int64_t> tiny_lens(at::Generator& g) {
+  std::vector<int64_t> tiny;
+  at::Tensor r = at::randint(1, 9, {300}, g, at::kLong);
+  for (int64_t i = 0; i < 300; ++i) {
+    tiny.push_back(r[i].item<int64_t>());
+    if (i % 100 == 50) tiny.push_back(64 + i % 3);
+  }
+  return tiny;
+}
+
+std::vector<Case> attention_cases(at::Generator& g, bool big) {
   std::vector<Case> cs;
-  for (auto [hq, hkv, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{4, 2, 32}, {4, 4, 16}, {6, 1, 64}})
-    for (const auto& lens : kLensGrid) {
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {{4, 2, 32}, {4, 4, 16}, {6, 1, 64}};
+  if (big) shapes.emplace_back(24, 4, 256);
+  for (auto [hq, hkv, d] : shapes) {
+    std::vector<std::vector<int64_t>> grid = kLensGrid;
+    if (d == 256) grid = {{1, 2, 3, 63, 64, 65, 200}, tiny_lens(g), kChatLens};
+    for (const auto& lens : grid) {
       int64_t T = 0;
       for (int64_t l : lens) T += l;
       Case c;
-      c.name = fmt::format("Hq={} Hkv={} D={} lens={}", hq, hkv, d, lens_str(lens));
+      c.name = fmt::format("Hq={} Hkv={} D={} lens={}", hq, hkv, d,
+                           lens.size() > 20 ? fmt::format("{} tiny", lens.size()) : lens_str(lens));
       c.lens = lens;
-      c.inputs = {{rnd({T, hq, d}, g)}, {rnd({T, hkv, d}, g)}, {rnd({T, hkv, d}, g)}};
+      c.inputs = {{rnd({T, hq, d}, g), true, true, "q"}, {rnd({T, hkv, d}, g), true, true, "k"},
+                  {rnd({T, hkv, d}, g), true, true, "v"}};
       double scale = 1.0 / std::sqrt(static_cast<double>(d));
       c.call = [scale](Component& k, const std::vector<at::Tensor>& x, const SeqInfo& s) {
         return static_cast<Attention&>(k).forward(x[0], x[1], x[2], s, scale);
       };
       cs.push_back(std::move(c));
     }
+  }
   return cs;
 }
 
@@ -386,12 +411,7 @@ std::vector<Case> gdn_cases(at::Generator& g, bool big) {
   cs.push_back(gdn_case(g, 2, 4, edge, Gates::Strong, lens_str(edge)));
   if (big) {
     // Many tiny samples: 300 of length 1..8, with a few chunk-edge lengths between them.
-    std::vector<int64_t> tiny;
-    at::Tensor r = at::randint(1, 9, {300}, g, at::kLong);
-    for (int64_t i = 0; i < 300; ++i) {
-      tiny.push_back(r[i].item<int64_t>());
-      if (i % 100 == 50) tiny.push_back(64 + i % 3);
-    }
+    const std::vector<int64_t> tiny = tiny_lens(g);
     cs.push_back(gdn_case(g, 2, 4, tiny, Gates::Normal, fmt::format("{} tiny", tiny.size())));
     // 32,768 tokens in one batch.
     const std::vector<int64_t> longest = {16384, 8191, 4097, 2048, 1024, 1023, 1};
@@ -402,65 +422,133 @@ std::vector<Case> gdn_cases(at::Generator& g, bool big) {
   return cs;
 }
 
-std::vector<Case> conv_cases(at::Generator& g) {
+std::vector<Case> conv_cases(at::Generator& g, bool big) {
   std::vector<Case> cs;
-  for (auto [ch, w] : std::vector<std::pair<int64_t, int64_t>>{{24, 4}, {10, 2}})
-    for (bool silu : {true, false})
-      for (const auto& lens : kLensGrid) {
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{24, 4}, {10, 2}};
+  if (big) shapes.emplace_back(10240, 4);  // 27B's Gated DeltaNet conv: 2*16*128 + 48*128 channels
+  for (auto [ch, w] : shapes)
+    for (bool silu : {true, false}) {
+      std::vector<std::vector<int64_t>> grid = kLensGrid;
+      if (ch == 10240) {
+        if (!silu) continue;
+        grid = {{1, 2, 3, 63, 64, 65, 200}, tiny_lens(g), kChatLens};
+      }
+      for (const auto& lens : grid) {
         int64_t T = 0;
         for (int64_t l : lens) T += l;
         Case c;
-        c.name = fmt::format("C={} W={} act={} lens={}", ch, w, silu ? "silu" : "none", lens_str(lens));
+        c.name = fmt::format("C={} W={} act={} lens={}", ch, w, silu ? "silu" : "none",
+                             lens.size() > 20 ? fmt::format("{} tiny", lens.size()) : lens_str(lens));
         c.lens = lens;
-        c.inputs = {{rnd({T, ch}, g)}, {rnd({ch, w}, g, 0.5), false, true}};
+        c.inputs = {{rnd({T, ch}, g), true, true, "x"}, {rnd({ch, w}, g, 0.5), false, true, "weight"}};
         c.call = [silu](Component& k, const std::vector<at::Tensor>& x, const SeqInfo& s) {
           return static_cast<Conv1d&>(k).forward(x[0], x[1], s, silu ? Activation::SiLU : Activation::None);
         };
         cs.push_back(std::move(c));
       }
+    }
   return cs;
 }
 
-std::vector<Case> ops_cases(at::Generator& g) {
+// The operations of an ops backend (only its own: the check judges what it provides), built once
+// per component by check_one.
+using OpTables = std::map<const Component*, OpTable>;
+
+template <class Op>
+const typename Op::Fn& op_of(OpTables& tables, Component& k) {
+  auto it = tables.find(&k);
+  if (it == tables.end()) {
+    OpTable t;
+    static_cast<Ops&>(k).provide(t, "checked");
+    it = tables.emplace(&k, std::move(t)).first;
+  }
+  return it->second.get<Op>();
+}
+
+// Small shapes everywhere; on CUDA (`big`) also the 27B shapes: norms at hidden 5,120 over 8,192
+// tokens, the q/k norm with RoPE over 24 heads of 256, the gated norm over 48 heads of 128,
+// SwiGLU at 17,408, the loss over vocab 248,320 (3,000 rows: more than one token chunk of a fused
+// loss).
+std::vector<Case> ops_cases(at::Generator& g, bool big, OpTables& tables) {
   std::vector<Case> cs;
+  auto add = [&](std::string name, std::string op, std::vector<Input> inputs, Call call) {
+    Case c;
+    c.name = std::move(name);
+    c.op = std::move(op);
+    c.inputs = std::move(inputs);
+    c.call = std::move(call);
+    cs.push_back(std::move(c));
+  };
   const int64_t T = 77;
-  for (bool zc : {true, false}) {
-    Case c;
-    c.name = fmt::format("rms_norm zero_centred={} [77, 64]", zc);
-    c.inputs = {{rnd({T, 64}, g)}, {rnd({64}, g, 0.3), false, true}};
-    c.call = [zc](Component& k, const std::vector<at::Tensor>& x, const SeqInfo&) {
-      return static_cast<Ops&>(k).rms_norm(x[0], x[1], 1e-6, zc);
-    };
-    cs.push_back(std::move(c));
-  }
-  {
-    Case c;
-    c.name = "gated_rms_norm [77, 6, 16] (fp32 weight)";
-    c.inputs = {{rnd({T, 6, 16}, g)}, {rnd({T, 6, 16}, g)}, {rnd({16}, g, 0.3) + 1.0, false, true}};
-    c.call = [](Component& k, const std::vector<at::Tensor>& x, const SeqInfo&) {
-      return static_cast<Ops&>(k).gated_rms_norm(x[0], x[1], at_least_fp32(x[2]), 1e-6);
-    };
-    cs.push_back(std::move(c));
-  }
-  {
-    Case c;
-    c.name = "swiglu [77, 96]";
-    c.inputs = {{rnd({T, 96}, g)}, {rnd({T, 96}, g)}};
-    c.call = [](Component& k, const std::vector<at::Tensor>& x, const SeqInfo&) {
-      return static_cast<Ops&>(k).swiglu(x[0], x[1]);
-    };
-    cs.push_back(std::move(c));
-  }
-  for (int64_t V : {512, 1000}) {
-    Case c;
-    c.name = fmt::format("linear_cross_entropy_sum [77, 64] x [{}, 64]", V);
-    at::Tensor targets = at::randint(V, {T}, g, at::kLong);
-    targets.narrow(0, 0, 10).fill_(kIgnoreIndex);
-    c.inputs = {{rnd({T, 64}, g)}, {rnd({V, 64}, g, 0.1), false, true}, {targets, true, false}};
-    c.call = [](Component& k, const std::vector<at::Tensor>& x, const SeqInfo&) {
-      return static_cast<Ops&>(k).linear_cross_entropy_sum(x[0], x[1], x[2]);
-    };
-    cs.push_back(std::move(c));
+  struct Sizes {
+    int64_t T, H, heads, D, G, DV, I, N, V;
+  };
+  std::vector<Sizes> sizes = {{77, 64, 6, 16, 6, 16, 96, 77, 512}};
+  if (big) sizes.push_back({8192, 5120, 24, 256, 48, 128, 17408, 3000, 248320});
+  for (const Sizes& z : sizes) {
+    const std::string at_ = z.T == T ? "" : " (27B)";
+    for (bool zc : {true, false}) {
+      add(fmt::format("rms_norm zero_centred={} [{}, {}]{}", zc, z.T, z.H, at_), op::RmsNorm::kName,
+          {{rnd({z.T, z.H}, g), true, true, "x"}, {rnd({z.H}, g, 0.3), false, true, "weight"}},
+          [zc, &tables](Component& k, const std::vector<at::Tensor>& x, const SeqInfo&) {
+            return op_of<op::RmsNorm>(tables, k)(x[0], x[1], 1e-6, zc);
+          });
+    }
+    add(fmt::format("add_rms_norm [{}, {}]{}", z.T, z.H, at_), op::AddRmsNorm::kName,
+        {{rnd({z.T, z.H}, g), true, true, "x"}, {rnd({z.T, z.H}, g), true, true, "residual"},
+         {rnd({z.H}, g, 0.3), false, true, "weight"}},
+        [&tables](Component& k, const std::vector<at::Tensor>& x, const SeqInfo&) {
+          auto [y, s] = op_of<op::AddRmsNorm>(tables, k)(x[0], x[1], x[2], 1e-6, true);
+          return at::cat({y, s}, -1);  // both outputs judged, both with a cotangent
+        });
+    add(fmt::format("gated_rms_norm [{}, {}, {}] (fp32 weight){}", z.T, z.G, z.DV, at_), op::GatedRmsNorm::kName,
+        {{rnd({z.T, z.G, z.DV}, g), true, true, "x"}, {rnd({z.T, z.G, z.DV}, g), true, true, "z"},
+         {rnd({z.DV}, g, 0.3) + 1.0, false, true, "weight"}},
+        [&tables](Component& k, const std::vector<at::Tensor>& x, const SeqInfo&) {
+          return op_of<op::GatedRmsNorm>(tables, k)(x[0], x[1], at_least_fp32(x[2]), 1e-6);
+        });
+    add(fmt::format("swiglu [{}, {}]{}", z.T, z.I, at_), op::SwiGlu::kName,
+        {{rnd({z.T, z.I}, g), true, true, "gate"}, {rnd({z.T, z.I}, g), true, true, "up"}},
+        [&tables](Component& k, const std::vector<at::Tensor>& x, const SeqInfo&) {
+          return op_of<op::SwiGlu>(tables, k)(x[0], x[1]);
+        });
+    add(fmt::format("swiglu_packed [{}, 2x{}]{}", z.T, z.I, at_), op::SwiGluPacked::kName,
+        {{rnd({z.T, 2 * z.I}, g), true, true, "gate_up"}},
+        [&tables](Component& k, const std::vector<at::Tensor>& x, const SeqInfo&) {
+          return op_of<op::SwiGluPacked>(tables, k)(x[0]);
+        });
+    // q/k norm + RoPE: rotary tables of positions 0..T-1 (theta 1e7, R = D/4 as Qwen3.5), the
+    // query a strided view of a [T, heads, 2D] query/gate projection (as the model passes it).
+    {
+      const int64_t R = z.D / 4;
+      at::Tensor pos = at::arange(z.T, at::kDouble).unsqueeze(-1);
+      at::Tensor inv = 1.0 / at::pow(1e7, at::arange(0, R, 2, at::kDouble) / static_cast<double>(R));
+      at::Tensor ang = at::cat({pos * inv, pos * inv}, -1).unsqueeze(-2);  // [T, 1, R]
+      for (bool view : {false, true})
+        add(fmt::format("qk_norm_rope [{}, {}, {}] rot {}{}{}", z.T, z.heads, z.D, R,
+                        view ? " (strided view)" : "", at_),
+            op::QkNormRope::kName,
+            {{rnd({z.T, z.heads, view ? 2 * z.D : z.D}, g), true, true, "x"},
+             {rnd({z.D}, g, 0.3), false, true, "weight"},
+             {ang.cos().to(at::kFloat), true, false, "cos"},
+             {ang.sin().to(at::kFloat), true, false, "sin"}},
+            [view, D = z.D, &tables](Component& k, const std::vector<at::Tensor>& x, const SeqInfo&) {
+              at::Tensor q = view ? x[0].narrow(-1, 0, D) : x[0];
+              return op_of<op::QkNormRope>(tables, k)(q, x[1], 1e-6, true, x[2], x[3]);
+            });
+    }
+    for (int64_t V : z.V == 512 ? std::vector<int64_t>{512, 1000} : std::vector<int64_t>{z.V}) {
+      at::Tensor targets = at::randint(V, {z.N}, g, at::kLong);
+      targets.narrow(0, 0, std::min<int64_t>(10, z.N)).fill_(kIgnoreIndex);
+      const int64_t H = z.V == 512 ? 64 : z.H;
+      add(fmt::format("linear_cross_entropy_sum [{}, {}] x [{}, {}]{}", z.N, H, V, H, at_),
+          op::LinearCrossEntropy::kName,
+          {{rnd({z.N, H}, g), true, true, "hidden"}, {rnd({V, H}, g, 0.1 / std::sqrt(H / 64.0)), false, true, "weight"},
+           {targets, true, false, "targets"}},
+          [&tables](Component& k, const std::vector<at::Tensor>& x, const SeqInfo&) {
+            return op_of<op::LinearCrossEntropy>(tables, k)(x[0], x[1], x[2]);
+          });
+    }
   }
   return cs;
 }
@@ -584,14 +672,50 @@ bool check_one(const std::string& kind, const std::string& name, const Registry&
   int total = 0, passed = 0, ran = 0;
   double worst_fwd = 0, worst_bwd = 0;
   std::vector<std::string> skipped;
+  OpTables tables;
+  std::vector<std::string> not_provided;  // ops the backend leaves to the reference
+  if (kind == Ops::kKind) {
+    OpTable own;
+    static_cast<Ops&>(*backend).provide(own, name);
+    OpTable all;
+    static_cast<Ops&>(*ref).provide(all, ref_name);
+    std::set<std::string> mine;
+    for (const auto& [op, p] : own.providers()) mine.insert(op);
+    for (const auto& [op, p] : all.providers())
+      if (!mine.count(op)) not_provided.push_back(op);
+    if (mine.empty()) {
+      fmt::print("qrun check ops/{}: the backend provides no operation\n", name);
+      return false;
+    }
+  }
   for (const auto& st : settings) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
-    std::vector<Case> cases = kind == Attention::kKind          ? attention_cases(gen)
-                              : kind == LinearAttention::kKind ? gdn_cases(gen, st.dev.is_cuda())
-                                                               : kind == Conv1d::kKind
-                                                                     ? conv_cases(gen)
-                                                                     : ops_cases(gen);
+    // The 27B shapes on CUDA, unless QRUN_CHECK_SMALL is set (for compute-sanitizer runs).
+    const bool big = st.dev.is_cuda() && std::getenv("QRUN_CHECK_SMALL") == nullptr;
+    std::vector<Case> cases = kind == Attention::kKind          ? attention_cases(gen, big)
+                              : kind == LinearAttention::kKind ? gdn_cases(gen, big)
+                              : kind == Conv1d::kKind          ? conv_cases(gen, big)
+                                                               : ops_cases(gen, big, tables);
+    if (!not_provided.empty())
+      std::erase_if(cases, [&](const Case& c) {
+        return std::find(not_provided.begin(), not_provided.end(), c.op) != not_provided.end();
+      });
     const std::string where = fmt::format("{} ({})", st.dev.str(), c10::toString(st.dt));
+    // Note [What a backend can run] (sdk kernels.h): the backend's own answer for this setting.
+    if (!explicit_setting) {
+      KernelUse use;
+      use.kind = kind;
+      use.device = st.dev.type();
+      use.dtype = st.dt;
+      const KernelBackend* kb = as_backend(kind, backend.get());
+      const std::string why = kb ? kb->unsupported(use) : std::string();
+      if (!why.empty()) {
+        fmt::print("\nqrun check {}/{} on {}: not supported by the backend, skipped:\n  {}\n", kind,
+                   name, where, why);
+        skipped.push_back(where);
+        continue;
+      }
+    }
     // Note [Unsupported settings]: a backend may support only some devices or dtypes (a CUDA
     // kernel, a bf16-only kernel). One call on the first case's first sample tells: if it refuses
     // the setting with a UserError (a clear "not supported" message), the setting is listed as
@@ -707,9 +831,12 @@ bool check_one(const std::string& kind, const std::string& name, const Registry&
                fmt::join(skipped, ", "));
     return false;
   }
-  fmt::print("{}/{}: {}/{} passed; worst fwd err {:.2e}, worst grad err {:.2e}{}\n", kind, name,
+  fmt::print("{}/{}: {}/{} passed; worst fwd err {:.2e}, worst grad err {:.2e}{}{}\n", kind, name,
              passed, total, worst_fwd, worst_bwd,
-             skipped.empty() ? "" : fmt::format("; not supported, skipped: {}", fmt::join(skipped, ", ")));
+             skipped.empty() ? "" : fmt::format("; not supported, skipped: {}", fmt::join(skipped, ", ")),
+             not_provided.empty() ? ""
+                                  : fmt::format("; left to the reference (not provided): {}",
+                                                fmt::join(not_provided, ", ")));
   return all_ok;
 }
 

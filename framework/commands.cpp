@@ -7,6 +7,8 @@
 #include "check.h"
 #include "data_commands.h"
 #include "host_info.h"
+#include "kernel_bench.h"
+#include "kernel_check.h"
 #include "plugin_loader.h"
 #include "recipe.h"
 #include "registry.h"
@@ -14,6 +16,7 @@
 #include "trainer.h"
 #include "text.h"
 
+#include <qrun/sdk/ops.h>
 #include <qrun/sdk/plugin.h>
 
 #include <cstdio>
@@ -79,6 +82,7 @@ int cmd_validate(const std::vector<std::string>& args) {
   Registry registry;
   load_plugins(registry);
   Recipe r = load_recipe(a.recipe, a.overrides, registry);
+  validate_kernels(r, registry);
   std::vector<std::string> parts;
   for (const auto& [path, c] : r.components) parts.push_back(path + "=" + c.name);
   for (const auto& p : r.profilers) parts.push_back(p.path + "=" + p.name);
@@ -145,6 +149,29 @@ int cmd_plugins(const std::vector<std::string>& args) {
       std::printf("  %-22s %s%s, default: %s\n      %s\n", f.name.c_str(), type.c_str(),
                   range.c_str(), default_text(f).c_str(), f.help.c_str());
     }
+    if (kind == Ops::kKind) {
+      // Which operations it provides (with its default settings); the rest come from the
+      // reference in a run (sdk ops.h, Note [Ops per operation]).
+      std::vector<std::string> own, rest;
+      try {
+        std::map<std::string, Value> v;
+        for (const auto& f : e.info.schema.fields()) v[f.name] = f.default_value;
+        auto ops = registry.create<Ops>(name, Config("kernels.ops", v));
+        OpTable t;
+        ops->provide(t, name);
+        for (const auto& [op, p] : t.providers()) own.push_back(op);
+        if (const RegistryEntry* re = registry.find(Ops::kKind, "reference"); re && name != "reference") {
+          OpTable all;
+          registry.create<Ops>("reference", Config("kernels.ops", {}))->provide(all, "reference");
+          for (const auto& [op, p] : all.providers())
+            if (std::find(own.begin(), own.end(), op) == own.end()) rest.push_back(op);
+        }
+      } catch (const std::exception& ex) {
+        own = {fmt::format("(cannot list: {})", ex.what())};
+      }
+      std::printf("\noperations it provides: %s\n", join(own).c_str());
+      if (!rest.empty()) std::printf("from the reference in a run: %s\n", join(rest).c_str());
+    }
     return 0;
   }
   throw UserError(fmt::format("plugins: unknown verb '{}'{}; verbs: {}", verb,
@@ -197,6 +224,8 @@ int dispatch(const std::vector<std::string>& args) {
   if (c == "check") {
     Registry registry;
     load_plugins(registry);
+    if (std::find(args.begin(), args.end(), "--bench") != args.end())
+      return run_kernel_bench({args.begin() + 1, args.end()}, registry);
     return run_check({args.begin() + 1, args.end()}, registry);
   }
   if (c == "tokenize" || c == "data") {

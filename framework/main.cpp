@@ -4,6 +4,7 @@
 //   qrun validate <recipe.yaml> [--set ...]  check a recipe without running it
 //   qrun eval <recipe.yaml> [--set ...]      mean loss and perplexity as JSON
 //   qrun check <kind>/<name>                 conformance of a backend against its reference
+//   qrun check --bench <kind>/<name>         its time and memory against the reference (GPU)
 //   qrun bench <recipe.yaml> [...]           measure the training step (framework/bench.h)
 //   qrun compare <a.yaml> [<b.yaml>] [...]   two recipes side by side, numerics judged
 //   qrun tokenize --tokenizer DIR [--chat]   token ids (and loss masks) of stdin lines as JSON
@@ -35,6 +36,7 @@ const char* kUsage =
     "       qrun validate <recipe.yaml> [--set key.path=value ...]\n"
     "       qrun eval <recipe.yaml> [--set key.path=value ...]\n"
     "       qrun check <kind>/<name> [--set key=value ...]   a backend against its kind's reference\n"
+    "       qrun check --bench <kind>/<name> [--iters N]     its time and memory at the 27B shapes (GPU)\n"
     "       qrun bench <recipe.yaml> [--steps N] [--warmup N] [--synthetic SPEC] [--set ...] [--json FILE] [--profile]\n"
     "       qrun compare <a.yaml> [<b.yaml>] [--set-a ...] [--set-b ...] [--steps N] [--synthetic SPEC] [--json FILE]\n"
     "       qrun tokenize --tokenizer DIR [--chat]   (text lines or JSONL conversations on stdin)\n"

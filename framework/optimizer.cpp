@@ -54,10 +54,13 @@ void AdamW::step(double lr) {
     at::_foreach_add_(st, 1.0);
     at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, st, lr, opt_.beta1, opt_.beta2,
                       opt_.weight_decay, opt_.eps, /*amsgrad=*/false, /*maximize=*/false);
+    // Low-precision parameters take their new value from the fp32 masters (one multi-tensor copy).
+    std::vector<at::Tensor> to, from;
     for (size_t i : idx) {
       Slot& s = slots_[i];
-      if (s.master.data_ptr() != s.param.data_ptr()) s.param.copy_(s.master);
+      if (s.master.data_ptr() != s.param.data_ptr()) to.push_back(s.param), from.push_back(s.master);
     }
+    if (!to.empty()) at::_foreach_copy_(to, from);
   }
   steps_++;
 }

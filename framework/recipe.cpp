@@ -460,6 +460,7 @@ class Validator {
       return spec;
     }
     spec.name = name_node.Scalar();
+    spec.location = loc(name_node, path);
     const RegistryEntry* e = registry_.find(kind, spec.name);
     if (e == nullptr) {
       error(name_node, path, fmt::format("{}: {}", path, registry_.unknown_message(kind, spec.name)));
@@ -490,6 +491,7 @@ class Validator {
       c.path = path;
       c.kind = spec.kind;
       c.name = spec.default_name;
+      c.location = path + " (default)";
       const RegistryEntry* e = registry_.find(spec.kind, c.name);
       if (e == nullptr && spec.soft_default) return;
       if (e == nullptr || !e->conflicts.empty()) {
@@ -780,7 +782,7 @@ void emit_settings(YAML::Emitter& out, const Config& c) {
 }
 }  // namespace
 
-std::string Recipe::resolved_yaml() const {
+std::string Recipe::resolved_yaml(const std::vector<std::pair<std::string, std::string>>& op_providers) const {
   YAML::Emitter out;
   out << YAML::Comment(fmt::format("resolved from {} by qrun; every default filled in", file));
   out << YAML::BeginMap;
@@ -799,6 +801,11 @@ std::string Recipe::resolved_yaml() const {
       if (it == components.end()) continue;
       out << YAML::Key << k << YAML::Value;
       emit_component(out, it->second);
+      if (group == "kernels" && k == "ops" && !op_providers.empty()) {
+        std::string text = "operations of kernels.ops and the backend of each:";
+        for (const auto& [op, provider] : op_providers) text += fmt::format(" {}={}", op, provider);
+        out << YAML::Comment(text);
+      }
     }
     out << YAML::EndMap;
   };

@@ -43,6 +43,8 @@ struct ComponentSpec {
   std::string name;      // registered component name
   Config config;         // validated settings, defaults filled in
   const RegistryEntry* entry = nullptr;
+  std::string location;  // where the recipe names it ("recipe.yaml:4:22", "--set ...", or
+                         // "kernels.ops (default)" for a slot filled by its default)
 };
 
 class Recipe {
@@ -60,7 +62,9 @@ class Recipe {
 
   // The fully resolved recipe: every default filled in, each component annotated with the
   // plugin library, version and build id that provides it. Loads back as an equivalent recipe.
-  std::string resolved_yaml() const;
+  // `op_providers` (operation, backend), when given, is written as a comment under kernels: which
+  // backend each operation of kernels.ops comes from (sdk ops.h).
+  std::string resolved_yaml(const std::vector<std::pair<std::string, std::string>>& op_providers = {}) const;
 };
 
 // Parses `--set a.b=v` into (path, value text). Throws UserError for a malformed override.

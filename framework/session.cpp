@@ -2,6 +2,8 @@
 #include "session.h"
 
 #include "components.h"
+#include "kernel_check.h"
+#include "text.h"
 
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -134,10 +136,25 @@ Session::Session(const Recipe& r, const Registry& reg) : recipe(r), registry(reg
   placement.device = device;
   placement.param_dtype = dtype_of(r.section("precision").get_string("param"));
   placement.compute_dtype = dtype_of(r.section("precision").get_string("compute"));
+  // Every backend against every kernel use, before any weight is loaded (sdk kernels.h).
+  check_kernel_uses(r, reg, *model,
+                    {{Attention::kKind, attention.get()},
+                     {LinearAttention::kKind, linear_attention.get()},
+                     {Conv1d::kKind, conv1d.get()},
+                     {Ops::kKind, ops.get()}},
+                    device.type(), placement.compute_dtype, recipe_layouts(r, reg));
+  op_table = compose_ops(r, reg, ops.get(), reference_ops);
+  if (ops != nullptr && r.component("kernels.ops")->name != "reference") {
+    std::map<std::string, std::vector<std::string>> by;
+    for (const auto& [op, provider] : op_table.providers()) by[provider].push_back(op);
+    std::vector<std::string> parts;
+    for (const auto& [provider, names] : by) parts.push_back(fmt::format("{} from {}", join(names), provider));
+    log_info("ops: {}", join(parts, "; "));
+  }
   placement.seed = static_cast<uint64_t>(r.section("run").get_int("seed"));
   auto t0 = std::chrono::steady_clock::now();
   try {
-    model->build({attention.get(), linear_attention.get(), conv1d.get(), ops.get()}, placement);
+    model->build({attention.get(), linear_attention.get(), conv1d.get(), &op_table}, placement);
   } catch (Error& e) {
     e.add_context(fmt::format("while building model '{}'", r.component("model")->name));
     throw;
@@ -200,22 +217,30 @@ StepOutcome train_step(Session& s, AdamW& opt,
       loss_sum = loss_sum + out.loss_sum.detach().to(at::kDouble);
     }
   }
-  std::vector<at::Tensor> grads;
+  // The global gradient norm with one multi-tensor kernel per (device, dtype) group, accumulated
+  // in fp32 (fp64 for fp64 gradients), then clipping with one multi-tensor multiply per group.
+  std::map<std::pair<int, int>, std::vector<at::Tensor>> groups;
   for (const auto& [n, p] : trainable)
-    if (p.grad().defined()) grads.push_back(p.grad());
+    if (p.grad().defined()) {
+      const at::Tensor& g = p.grad();
+      groups[{static_cast<int>(g.device().type()) * 1024 + g.device().index(),
+              static_cast<int>(g.scalar_type())}].push_back(g);
+    }
   at::Tensor gnorm_t = at::zeros({}, loss_sum.options());
-  if (!grads.empty()) {
-    std::vector<at::Tensor> norms;
-    norms.reserve(grads.size());
-    for (auto& g : grads) norms.push_back(g.detach().to(at::kFloat).norm());
-    gnorm_t = at::stack(norms).norm().to(at::kDouble);
+  if (!groups.empty()) {
+    std::vector<at::Tensor> norms;  // per group: the norms of its tensors, [n]
+    for (auto& [key, gs] : groups) {
+      const auto acc = gs.front().scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+      norms.push_back(at::stack(at::_foreach_norm(gs, 2, acc)).to(loss_sum.device()).to(at::kDouble));
+    }
+    gnorm_t = at::cat(norms).norm();
   }
   at::Tensor host = at::stack({loss_sum, gnorm_t}).cpu();
   const double* h = host.data_ptr<double>();
   o.loss = o.loss_tokens > 0 ? h[0] / static_cast<double>(o.loss_tokens) : std::nan("");
   o.grad_norm = h[1];
   if (clip > 0 && o.grad_norm > clip)
-    for (auto& g : grads) g.mul_(clip / (o.grad_norm + 1e-6));
+    for (auto& [key, gs] : groups) at::_foreach_mul_(gs, clip / (o.grad_norm + 1e-6));
   o.finite = std::isfinite(o.grad_norm) && (o.loss_tokens == 0 || std::isfinite(o.loss));
   if (o.finite) {
     if (o.loss_tokens > 0) opt.step(lr);

@@ -10,6 +10,7 @@
 #include <qrun/sdk/data.h>
 #include <qrun/sdk/kernels.h>
 #include <qrun/sdk/model.h>
+#include <qrun/sdk/ops.h>
 #include <qrun/sdk/run.h>
 
 #include <c10/core/Device.h>
@@ -53,7 +54,9 @@ struct Session {
   std::unique_ptr<Attention> attention;
   std::unique_ptr<LinearAttention> linear_attention;
   std::unique_ptr<Conv1d> conv1d;
-  std::unique_ptr<Ops> ops;
+  std::unique_ptr<Ops> ops;            // the recipe's kernels.ops backend
+  std::unique_ptr<Ops> reference_ops;  // the reference ops under it (Note [Ops per operation])
+  OpTable op_table;                    // what the model calls: each operation and its provider
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<ChatFormat> chat;

@@ -195,7 +195,7 @@ CheckpointRef save_checkpoint(Session& run, AdamW& opt, const TrainState& st, co
     CheckedFile out(tmp / "trainer.pt");
     ar.save_to([&out](const void* data, size_t n) { return out.sink_write(data, n); });
     out.close();
-    write_file_checked(tmp / "recipe.resolved.yaml", run.recipe.resolved_yaml());
+    write_file_checked(tmp / "recipe.resolved.yaml", run.recipe.resolved_yaml(run.op_table.providers()));
     write_file_checked(tmp / "state.json", state_json(st));  // last: marks the files complete
   });
   prune_checkpoints(root, keep);
@@ -280,6 +280,8 @@ int64_t steps_per_epoch(Session& run, int64_t grad_accum) {
 
 int train(const Recipe& r, const Registry& reg, bool resume) {
   Session run(r, reg);
+  // The resolved recipe again, now with the backend of each operation (known once built).
+  write_file_atomically(run.run_dir / "recipe.resolved.yaml", r.resolved_yaml(run.op_table.providers()));
   const Config& train = r.section("train");
   const Config& sched = r.section("schedule");
   const Config& ckc = r.section("checkpoint");

@@ -315,6 +315,21 @@ class FlaGatedDelta final : public LinearAttention {
   FlaGatedDelta(bool fast_forward, qrun::gdn::GdnProblem::BwdPath backward_path, bool keep_prep)
       : fast_forward_(fast_forward), backward_path_(backward_path), keep_prep_(keep_prep) {}
 
+  // The checks of forward() that a recipe can fail, answered before any weight is loaded.
+  std::string unsupported(const KernelUse& u) const override {
+    if (u.device != c10::DeviceType::CUDA)
+      return "this backend runs on CUDA only (sm_90 or newer), not on " + c10::DeviceTypeName(u.device, true) +
+             " (gdn-reference runs everywhere)";
+    if (u.dtype != at::kBFloat16)
+      return std::string("its kernels take bfloat16 q, k and v, not ") + c10::toString(u.dtype) +
+             " (set precision.compute: bf16)";
+    if ((u.head_dim != 0 && u.head_dim != 128) || (u.value_dim != 0 && u.value_dim != 128))
+      return fmt::format("its kernels take head dims K = V = 128, not K = {}, V = {}", u.head_dim, u.value_dim);
+    if (u.heads > 0 && u.kv_heads % u.heads != 0)
+      return fmt::format("{} value heads are not a multiple of {} key heads", u.kv_heads, u.heads);
+    return {};
+  }
+
   at::Tensor forward(const GatedDeltaInputs& in, const SeqInfo& seq,
                      const GatedDeltaOptions& opt) override {
     const bool padded = seq.layout == Layout::Padded;

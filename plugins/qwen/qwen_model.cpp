@@ -519,6 +519,14 @@ class QwenModel final : public Model {
     need(k.ops, "ops", "reference");
     QRUN_ASSERT(!built_, "qwen model built twice");
     k_ = k;
+    // The operations this model calls, resolved once (a missing one is a UserError naming it).
+    rms_norm_ = k.ops->get<op::RmsNorm>();
+    add_rms_norm_ = k.ops->get<op::AddRmsNorm>();
+    gated_rms_norm_ = k.ops->get<op::GatedRmsNorm>();
+    swiglu_ = k.ops->get<op::SwiGlu>();
+    swiglu_packed_ = k.ops->get<op::SwiGluPacked>();
+    qk_norm_rope_ = k.ops->get<op::QkNormRope>();
+    linear_cross_entropy_ = k.ops->get<op::LinearCrossEntropy>();
     place_ = p;
     std::vector<ParamSpec> specs = param_specs();
     if (dir_.empty()) init_random(specs);
@@ -560,12 +568,11 @@ class QwenModel final : public Model {
         x = layer_forward(i, x, ctx);
       }
     }
-    x = k_.ops->rms_norm(x, norm_, c_.eps, c_.zero_centred());
+    x = rms_norm_(x, norm_, c_.eps, c_.zero_centred());
     at::Tensor W = w(c_.tied ? embed_ : lm_head_);
     at::Tensor targets = shifted_targets(batch);
     ModelOutput out;
-    out.loss_sum = k_.ops->linear_cross_entropy_sum(x.reshape({-1, c_.hidden}), W,
-                                                    targets.reshape({-1}));
+    out.loss_sum = linear_cross_entropy_(x.reshape({-1, c_.hidden}), W, targets.reshape({-1}));
     out.loss_tokens = targets.ne(kIgnoreIndex).sum().item<int64_t>();
     if (return_logits) out.logits = at::linear(x, W).to(acc());  // fp32 (fp64 in the fp64 mode)
     return out;
@@ -701,6 +708,35 @@ class QwenModel final : public Model {
                          (2.0 * C * (3.0 * c_.d_k + 2.0 * c_.d_v) + 6.0 * c_.d_k * c_.d_v +
                           (2.0 / 3.0) * C * C);
     return 3.0 * (2.0 * n_mm + f_att + f_gdn);
+  }
+
+  std::vector<KernelUse> kernel_uses() const override {
+    std::vector<KernelUse> u;
+    if (c_.num_full() > 0) {
+      KernelUse a;
+      a.kind = Attention::kKind;
+      a.heads = c_.n_q, a.kv_heads = c_.n_kv, a.head_dim = c_.d_h;
+      a.what = fmt::format("the {} full-attention layers", c_.num_full());
+      u.push_back(a);
+    }
+    if (c_.num_linear() > 0) {
+      KernelUse g;
+      g.kind = LinearAttention::kKind;
+      g.heads = c_.n_k, g.kv_heads = c_.n_v, g.head_dim = c_.d_k, g.value_dim = c_.d_v;
+      g.what = fmt::format("the {} Gated DeltaNet layers", c_.num_linear());
+      u.push_back(g);
+      KernelUse cv;
+      cv.kind = Conv1d::kKind;
+      cv.channels = c_.conv_dim(), cv.width = c_.conv_k;
+      cv.what = "the Gated DeltaNet layers' q/k/v conv";
+      u.push_back(cv);
+    }
+    KernelUse o;
+    o.kind = Ops::kKind;
+    o.channels = c_.hidden, o.head_dim = c_.d_h, o.value_dim = c_.vocab;
+    o.what = "norms, SwiGLU and the loss";
+    u.push_back(o);
+    return u;
   }
 
   ModelSummary summary() const override {
@@ -1058,15 +1094,6 @@ class QwenModel final : public Model {
     return s;
   }
 
-  at::Tensor rope(const at::Tensor& x, const FwdCtx& ctx) const {
-    const int64_t rot = c_.rot_dim(), half = rot / 2;
-    at::Tensor xr = x.narrow(-1, 0, rot);
-    at::Tensor rotated = at::cat({-xr.narrow(-1, half, half), xr.narrow(-1, 0, half)}, -1);
-    at::Tensor y = xr * ctx.cos + rotated * ctx.sin;
-    if (rot == x.size(-1)) return y;
-    return at::cat({y, x.narrow(-1, rot, x.size(-1) - rot)}, -1);
-  }
-
   at::Tensor attention(const Layer& L, const at::Tensor& h, const FwdCtx& ctx) const {
     const int64_t nq = c_.n_q, nkv = c_.n_kv, dh = c_.d_h;
     const bool zc = c_.zero_centred();
@@ -1078,12 +1105,11 @@ class QwenModel final : public Model {
     } else {
       q = at::linear(h, w(L.q_proj)).view(lead_shape(h, {nq, dh}));
     }
-    q = k_.ops->rms_norm(q, L.q_norm, c_.eps, zc);
-    at::Tensor k = k_.ops->rms_norm(at::linear(h, w(L.k_proj)).view(lead_shape(h, {nkv, dh})),
-                                    L.k_norm, c_.eps, zc);
+    // Section 2.4 steps 3-4: per-head RMSNorm, then RoPE on the first rot_dim() dims.
+    q = qk_norm_rope_(q, L.q_norm, c_.eps, zc, ctx.cos, ctx.sin);
+    at::Tensor k = qk_norm_rope_(at::linear(h, w(L.k_proj)).view(lead_shape(h, {nkv, dh})), L.k_norm,
+                                 c_.eps, zc, ctx.cos, ctx.sin);
     at::Tensor v = at::linear(h, w(L.v_proj)).view(lead_shape(h, {nkv, dh}));
-    q = rope(q, ctx);
-    k = rope(k, ctx);
     at::Tensor o = k_.attention->forward(q, k, v, ctx.seq, 1.0 / std::sqrt(static_cast<double>(dh)));
     o = o.reshape(lead_shape(h, {nq * dh}));
     if (gate.defined()) o = o * at::sigmoid(gate);
@@ -1121,18 +1147,18 @@ class QwenModel final : public Model {
     GatedDeltaOptions opt;
     opt.qk_l2norm = true;
     at::Tensor o = k_.linear_attention->forward(in, ctx.seq, opt);
-    o = k_.ops->gated_rms_norm(o, z, L.gnorm, c_.eps);
+    o = gated_rms_norm_(o, z, L.gnorm, c_.eps);
     return at::linear(o.reshape(lead_shape(h, {c_.value_dim()})), w(L.out));
   }
 
   at::Tensor layer_forward(size_t i, const at::Tensor& x, const FwdCtx& ctx) const {
     const Layer& L = layers_[i];
-    at::Tensor h = k_.ops->rms_norm(x, L.in_norm, c_.eps, c_.zero_centred());
-    at::Tensor r = x + (L.full ? attention(L, h, ctx) : gated_delta_net(L, h, ctx));
-    h = k_.ops->rms_norm(r, L.post_norm, c_.eps, c_.zero_centred());
-    if (L.moe) return r + sparse_moe(L, h);
-    at::Tensor m = at::linear(k_.ops->swiglu(at::linear(h, w(L.gate)), at::linear(h, w(L.up))),
-                              w(L.down));
+    at::Tensor h = rms_norm_(x, L.in_norm, c_.eps, c_.zero_centred());
+    at::Tensor mixed = L.full ? attention(L, h, ctx) : gated_delta_net(L, h, ctx);
+    // r = x + mixed, h = post_attention_layernorm(r), in one op where a backend fuses them.
+    auto [h2, r] = add_rms_norm_(mixed, x, L.post_norm, c_.eps, c_.zero_centred());
+    if (L.moe) return r + sparse_moe(L, h2);
+    at::Tensor m = at::linear(swiglu_(at::linear(h2, w(L.gate)), at::linear(h2, w(L.up))), w(L.down));
     return r + m;
   }
 
@@ -1146,7 +1172,7 @@ class QwenModel final : public Model {
     const int64_t H = c_.hidden, K = c_.top_k, E = c_.experts, I = c_.moe_inter;
     at::Tensor x = h.reshape({-1, H});
     at::Tensor shared = at::linear(
-        k_.ops->swiglu(at::linear(x, w(L.sh_gate)), at::linear(x, w(L.sh_up))), w(L.sh_down));
+        swiglu_(at::linear(x, w(L.sh_gate)), at::linear(x, w(L.sh_up))), w(L.sh_down));
     shared = shared * at::sigmoid(at::linear(x, w(L.sh_gate_w)));
     at::Tensor probs = at::softmax(at::linear(x, w(L.router)).to(acc()), -1);
     auto [top_w, top_i] = at::topk(probs, K, -1);
@@ -1166,7 +1192,7 @@ class QwenModel final : public Model {
       if (cnt[e] == 0) continue;
       at::Tensor xs = x.index_select(0, tok.narrow(0, off, cnt[e]));
       at::Tensor gu = at::linear(xs, gate_up[e]);
-      ys.push_back(at::linear(k_.ops->swiglu(gu.narrow(-1, 0, I), gu.narrow(-1, I, I)), down[e]));
+      ys.push_back(at::linear(swiglu_packed_(gu), down[e]));
       off += cnt[e];
     }
     at::Tensor routed = at::zeros_like(x);
@@ -1205,6 +1231,13 @@ class QwenModel final : public Model {
   int64_t shard_bytes_ = 0;
   bool built_ = false;
   ModelKernels k_;
+  op::RmsNorm::Fn rms_norm_;
+  op::AddRmsNorm::Fn add_rms_norm_;
+  op::GatedRmsNorm::Fn gated_rms_norm_;
+  op::SwiGlu::Fn swiglu_;
+  op::SwiGluPacked::Fn swiglu_packed_;
+  op::QkNormRope::Fn qk_norm_rope_;
+  op::LinearCrossEntropy::Fn linear_cross_entropy_;
   ModelPlacement place_;
   std::vector<std::pair<std::string, at::Tensor>> params_;
   at::Tensor embed_, norm_, lm_head_, inv_freq_;

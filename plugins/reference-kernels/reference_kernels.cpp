@@ -20,6 +20,7 @@
 // ops "reference".
 #include <qrun/sdk/error.h>
 #include <qrun/sdk/kernels.h>
+#include <qrun/sdk/ops.h>
 #include <qrun/sdk/plugin.h>
 
 #include <ATen/ATen.h>
@@ -302,31 +303,64 @@ class ConvReference final : public Conv1d {
 // ---------------------------------------------------------------------------------------------
 // ops: reference
 
+// Every operation of ops.h as plain ATen math (Note [Accumulation dtype]).
+at::Tensor ref_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool zero_centred) {
+  at::Tensor xf = x.to(acc_dtype(x));
+  at::Tensor n = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
+  at::Tensor w = weight.to(xf.scalar_type());
+  if (zero_centred) w = w + 1.0;
+  return (n * w).to(x.scalar_type());
+}
+
 class ReferenceOps final : public Ops {
  public:
-  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
-                      bool zero_centred) override {
-    at::Tensor xf = x.to(acc_dtype(x));
-    at::Tensor n = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
-    at::Tensor w = weight.to(xf.scalar_type());
-    if (zero_centred) w = w + 1.0;
-    return (n * w).to(x.scalar_type());
-  }
-  at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& z, const at::Tensor& weight,
-                            double eps) override {
-    at::Tensor xf = x.to(acc_dtype(x));
-    at::Tensor n = (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
-    at::Tensor y = weight * n;
-    y = y * at::silu(z.to(acc_dtype(z)));
-    return y.to(x.scalar_type());
-  }
-  at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) override {
-    return at::silu(gate) * up;
-  }
-  at::Tensor linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight,
-                                      const at::Tensor& targets) override {
-    at::Tensor logits = at::linear(hidden, weight).to(acc_dtype(hidden));
-    return at::cross_entropy_loss(logits, targets, {}, at::Reduction::Sum, kIgnoreIndex);
+  void provide(OpTable& t, const std::string& provider) override {
+    t.provide<op::RmsNorm>(ref_rms_norm, provider);
+    t.provide<op::AddRmsNorm>(
+        [](const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w, double eps, bool zc) {
+          at::Tensor s = x + residual;
+          return std::make_pair(ref_rms_norm(s, w, eps, zc), s);
+        },
+        provider);
+    t.provide<op::GatedRmsNorm>(
+        [](const at::Tensor& x, const at::Tensor& z, const at::Tensor& weight, double eps) {
+          at::Tensor xf = x.to(acc_dtype(x));
+          at::Tensor n = (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
+          at::Tensor y = weight * n;
+          y = y * at::silu(z.to(acc_dtype(z)));
+          return y.to(x.scalar_type());
+        },
+        provider);
+    t.provide<op::SwiGlu>([](const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; },
+                          provider);
+    t.provide<op::SwiGluPacked>(
+        [](const at::Tensor& gu) {
+          const int64_t I = gu.size(-1) / 2;
+          return at::silu(gu.narrow(-1, 0, I)) * gu.narrow(-1, I, I);
+        },
+        provider);
+    // RMSNorm per head, then the rotate-half rotary embedding of the first R = cos.size(-1) dims,
+    // in x's dtype (as transformers applies it to the normalised bf16 heads).
+    t.provide<op::QkNormRope>(
+        [](const at::Tensor& x, const at::Tensor& w, double eps, bool zc, const at::Tensor& cos,
+           const at::Tensor& sin) {
+          at::Tensor n = ref_rms_norm(x, w, eps, zc);
+          const int64_t rot = cos.size(-1), half = rot / 2;
+          QRUN_CHECK(rot % 2 == 0 && rot <= x.size(-1),
+                     "qk_norm_rope: {} rotary dims for heads of {}", rot, x.size(-1));
+          at::Tensor xr = n.narrow(-1, 0, rot);
+          at::Tensor rotated = at::cat({-xr.narrow(-1, half, half), xr.narrow(-1, 0, half)}, -1);
+          at::Tensor y = xr * cos + rotated * sin;
+          if (rot == x.size(-1)) return y;
+          return at::cat({y, n.narrow(-1, rot, x.size(-1) - rot)}, -1);
+        },
+        provider);
+    t.provide<op::LinearCrossEntropy>(
+        [](const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets) {
+          at::Tensor logits = at::linear(hidden, weight).to(acc_dtype(hidden));
+          return at::cross_entropy_loss(logits, targets, {}, at::Reduction::Sum, kIgnoreIndex);
+        },
+        provider);
   }
 };
 
@@ -340,7 +374,7 @@ void register_all(Registrar& r) {
       [](const Config& c) { return std::make_unique<GdnReference>(c.get_int("chunk_size")); });
   r.add<Conv1d>("conv-reference", "reference causal depthwise conv1d (+SiLU), reset per sample",
                 Schema{}, [](const Config&) { return std::make_unique<ConvReference>(); });
-  r.add<Ops>("reference", "reference norms, gated norm, SwiGLU and cross-entropy (fp32 stats)",
+  r.add<Ops>("reference", "reference norms, gated norm, SwiGLU, q/k norm + RoPE and cross-entropy (fp32 stats)",
              Schema{}, [](const Config&) { return std::make_unique<ReferenceOps>(); });
 }
 

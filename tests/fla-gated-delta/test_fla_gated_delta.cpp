@@ -332,6 +332,7 @@ struct ModelKit {
   std::unique_ptr<LinearAttention> gdn;
   std::unique_ptr<Conv1d> conv;
   std::unique_ptr<Ops> ops;
+  OpTable table;
 };
 
 // The 0.8b preset (Gated DeltaNet heads 16 x 128, as in every Qwen3.5 size) cut to 4 layers:
@@ -348,12 +349,13 @@ ModelKit make_model(Registry& r, const std::string& gdn_backend) {
               : r.create<LinearAttention>(gdn_backend, Config("g", {}));
   k.conv = r.create<Conv1d>("conv-reference", Config("c", {}));
   k.ops = r.create<Ops>("reference", Config("o", {}));
+  k.ops->provide(k.table, "reference");
   ModelPlacement p;
   p.device = at::Device(at::kCUDA, 0);
   p.param_dtype = at::kBFloat16;
   p.compute_dtype = at::kBFloat16;
   p.seed = 3;
-  k.model->build(ModelKernels{k.att.get(), k.gdn.get(), k.conv.get(), k.ops.get()}, p);
+  k.model->build(ModelKernels{k.att.get(), k.gdn.get(), k.conv.get(), &k.table}, p);
   return k;
 }
 

@@ -83,12 +83,14 @@ Run run_model(Registry& r, const at::Device& dev, c10::ScalarType dt, bool ac) {
   auto gdn = r.create<LinearAttention>("gdn-reference", Config("g", {{"chunk_size", int64_t{64}}}));
   auto conv = r.create<Conv1d>("conv-reference", Config("c", {}));
   auto ops = r.create<Ops>("reference", Config("o", {}));
+  OpTable table;
+  ops->provide(table, "reference");
   ModelPlacement p;
   p.device = dev;
   p.param_dtype = dt;
   p.compute_dtype = dt;
   p.seed = 3;
-  m->build(ModelKernels{att.get(), gdn.get(), conv.get(), ops.get()}, p);
+  m->build(ModelKernels{att.get(), gdn.get(), conv.get(), &table}, p);
   ModelOutput o = m->forward(packed({1, 2, 3, 63, 64, 65, 200}, dev));
   o.loss_sum.backward();
   Run out;

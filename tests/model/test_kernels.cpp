@@ -178,20 +178,22 @@ double silu(double v) { return v / (1.0 + std::exp(-v)); }
 
 TEST(ReferenceKernels, OpsMatchFp64Formulas) {
   at::manual_seed(3);
-  auto ops = registry().create<Ops>("reference", Config("k", {}));
+  auto ops_backend = registry().create<Ops>("reference", Config("k", {}));
+  OpTable ops;
+  ops_backend->provide(ops, "reference");
   const int64_t T = 5, D = 8, H = 3, V = 11;
   const double eps = 1e-6;
   for (bool zc : {true, false}) {
     expect_matches_oracle(
         zc ? "rms_norm (zero-centred)" : "rms_norm", {at::randn({T, D}, at::kDouble), at::randn({D}, at::kDouble) * 0.3},
-        [&](const std::vector<at::Tensor>& x) { return ops->rms_norm(x[0], x[1], eps, zc); },
+        [&](const std::vector<at::Tensor>& x) { return ops.get<op::RmsNorm>()(x[0], x[1], eps, zc); },
         [&](const std::vector<Flat>& x) { return rms_norm_oracle(x[0], x[1], D, eps, zc); });
   }
   // y = w * rms_norm(x) * silu(z), per head of D.
   expect_matches_oracle(
       "gated_rms_norm",
       {at::randn({T, H, D}, at::kDouble), at::randn({T, H, D}, at::kDouble), at::randn({D}, at::kDouble) + 1.0},
-      [&](const std::vector<at::Tensor>& x) { return ops->gated_rms_norm(x[0], x[1], x[2], eps); },
+      [&](const std::vector<at::Tensor>& x) { return ops.get<op::GatedRmsNorm>()(x[0], x[1], x[2], eps); },
       [&](const std::vector<Flat>& x) {
         Flat y = rms_norm_oracle(x[0], x[2], D, eps, false);
         for (size_t i = 0; i < y.size(); ++i) y[i] *= silu(x[1][i]);
@@ -199,19 +201,69 @@ TEST(ReferenceKernels, OpsMatchFp64Formulas) {
       });
   expect_matches_oracle(
       "swiglu", {at::randn({T, D}, at::kDouble), at::randn({T, D}, at::kDouble)},
-      [&](const std::vector<at::Tensor>& x) { return ops->swiglu(x[0], x[1]); },
+      [&](const std::vector<at::Tensor>& x) { return ops.get<op::SwiGlu>()(x[0], x[1]); },
       [&](const std::vector<Flat>& x) {
         Flat y(x[0].size());
         for (size_t i = 0; i < y.size(); ++i) y[i] = silu(x[0][i]) * x[1][i];
         return y;
       });
+  // swiglu_packed: row t of [T, 2D] holds gate (d < D) then up.
+  expect_matches_oracle(
+      "swiglu_packed", {at::randn({T, 2 * D}, at::kDouble)},
+      [&](const std::vector<at::Tensor>& x) { return ops.get<op::SwiGluPacked>()(x[0]); },
+      [&](const std::vector<Flat>& x) {
+        Flat y(T * D);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t d = 0; d < D; ++d) y[t * D + d] = silu(x[0][t * 2 * D + d]) * x[0][t * 2 * D + D + d];
+        return y;
+      });
+  // add_rms_norm: s = x + r, y = rms_norm(s); both outputs (y then s, concatenated).
+  expect_matches_oracle(
+      "add_rms_norm",
+      {at::randn({T, D}, at::kDouble), at::randn({T, D}, at::kDouble), at::randn({D}, at::kDouble) * 0.3},
+      [&](const std::vector<at::Tensor>& x) {
+        auto [y, sum] = ops.get<op::AddRmsNorm>()(x[0], x[1], x[2], eps, true);
+        return at::cat({y, sum}, -1);
+      },
+      [&](const std::vector<Flat>& x) {
+        Flat sum(T * D);
+        for (int64_t i = 0; i < T * D; ++i) sum[i] = x[0][i] + x[1][i];
+        Flat y = rms_norm_oracle(sum, x[2], D, eps, true), out;
+        for (int64_t t = 0; t < T; ++t) {
+          out.insert(out.end(), y.begin() + t * D, y.begin() + (t + 1) * D);
+          out.insert(out.end(), sum.begin() + t * D, sum.begin() + (t + 1) * D);
+        }
+        return out;
+      });
+  // qk_norm_rope: per head rms_norm, then for d < R/2: y[d] = n[d] c[d] - n[d+R/2] s[d],
+  // y[d+R/2] = n[d+R/2] c[d+R/2] + n[d] s[d+R/2]; dims >= R unchanged. cos/sin [T, 1, R].
+  {
+    const int64_t R = 4;
+    at::Tensor cs = at::randn({T, 1, R}, at::kDouble), sn = at::randn({T, 1, R}, at::kDouble);
+    const Flat cf = flat(cs), sf = flat(sn);
+    expect_matches_oracle(
+        "qk_norm_rope", {at::randn({T, H, D}, at::kDouble), at::randn({D}, at::kDouble) * 0.3},
+        [&](const std::vector<at::Tensor>& x) { return ops.get<op::QkNormRope>()(x[0], x[1], eps, true, cs, sn); },
+        [&](const std::vector<Flat>& x) {
+          Flat n = rms_norm_oracle(x[0], x[1], D, eps, true), y = n;
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t h = 0; h < H; ++h) {
+              const int64_t b = (t * H + h) * D;
+              for (int64_t d = 0; d < R / 2; ++d) {
+                y[b + d] = n[b + d] * cf[t * R + d] - n[b + d + R / 2] * sf[t * R + d];
+                y[b + d + R / 2] = n[b + d + R / 2] * cf[t * R + d + R / 2] + n[b + d] * sf[t * R + d + R / 2];
+              }
+            }
+          return y;
+        });
+  }
   // sum over rows with a target of (logsumexp_v(h . W_v) - h . W_target); ignored rows add 0.
   at::Tensor targets = at::randint(V, {T}, at::kLong);
   targets[1] = kIgnoreIndex;
   const std::vector<int64_t> tg(targets.data_ptr<int64_t>(), targets.data_ptr<int64_t>() + T);
   expect_matches_oracle(
       "linear_cross_entropy_sum", {at::randn({T, D}, at::kDouble), at::randn({V, D}, at::kDouble) * 0.5},
-      [&](const std::vector<at::Tensor>& x) { return ops->linear_cross_entropy_sum(x[0], x[1], targets); },
+      [&](const std::vector<at::Tensor>& x) { return ops.get<op::LinearCrossEntropy>()(x[0], x[1], targets); },
       [&](const std::vector<Flat>& x) {
         double loss = 0;
         for (int64_t t = 0; t < T; ++t) {

@@ -39,8 +39,9 @@ struct Kernels {
   std::unique_ptr<LinearAttention> linear_attention;
   std::unique_ptr<Conv1d> conv1d;
   std::unique_ptr<Ops> ops;
+  OpTable table;  // ops' operations (sdk ops.h)
   ModelKernels view() const {
-    return ModelKernels{attention.get(), linear_attention.get(), conv1d.get(), ops.get()};
+    return ModelKernels{attention.get(), linear_attention.get(), conv1d.get(), &table};
   }
 };
 
@@ -54,6 +55,7 @@ inline Kernels reference_kernels() {
       "gdn-reference", Config("kernels.linear_attention", {{"chunk_size", int64_t{64}}}));
   k.conv1d = r.create<Conv1d>("conv-reference", empty_config("kernels.conv1d"));
   k.ops = r.create<Ops>("reference", empty_config("kernels.ops"));
+  k.ops->provide(k.table, "reference");
   return k;
 }
 

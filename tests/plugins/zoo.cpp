@@ -7,9 +7,9 @@
 //   collator    zoo-collator  greedy packing under a token budget (every schema field type)
 //   profiler    zoo-profiler  logs step-time percentiles at the end of a run (float lists)
 //   model       zoo-bigram    embedding -> tanh -> vocabulary head over bytes; trains in seconds
-//   ops         zoo-scaled-ops  plain norms, SwiGLU and loss with the SwiGLU output scaled by
-//                             `swiglu_scale` (1 = the exact formulas): a backend that changes the
-//                             numbers on purpose, for `qrun compare`
+//   ops         zoo-scaled-ops  only SwiGLU (the other operations stay the reference's), its
+//                             output scaled by `swiglu_scale` (1 = the exact formula): a backend
+//                             that changes the numbers on purpose, for `qrun compare`
 #include <qrun/sdk.h>
 #include <qrun/sdk/kernels.h>
 
@@ -296,25 +296,15 @@ class ZooBigram : public qrun::Model {
   at::Tensor embed_, head_;
 };
 
+// Provides only `swiglu` (the rest of the operations come from the reference in a run, sdk
+// ops.h): silu(gate) * up * swiglu_scale.
 class ZooScaledOps final : public qrun::Ops {
  public:
   explicit ZooScaledOps(const qrun::Config& c) : scale_(c.get_float("swiglu_scale")) {}
-  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool zero_centred) override {
-    at::Tensor xf = x.to(at::kFloat);
-    at::Tensor n = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
-    return (n * (zero_centred ? w.to(at::kFloat) + 1.0 : w.to(at::kFloat))).to(x.scalar_type());
-  }
-  at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& z, const at::Tensor& w,
-                            double eps) override {
-    at::Tensor xf = x.to(at::kFloat);
-    at::Tensor n = (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
-    return (w * n * at::silu(z.to(at::kFloat))).to(x.scalar_type());
-  }
-  at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) override {
-    return at::silu(gate) * up * scale_;
-  }
-  at::Tensor linear_cross_entropy_sum(const at::Tensor& h, const at::Tensor& w, const at::Tensor& t) override {
-    return at::cross_entropy_loss(at::linear(h, w).to(at::kFloat), t, {}, at::Reduction::Sum, qrun::kIgnoreIndex);
+  void provide(qrun::OpTable& t, const std::string& provider) override {
+    const double scale = scale_;
+    t.provide<qrun::op::SwiGlu>(
+        [scale](const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up * scale; }, provider);
   }
 
  private:
@@ -356,7 +346,7 @@ void register_zoo(qrun::Registrar& r) {
       qrun::Schema{Field::float_list("percentiles", {50.0, 90.0}).min(0).max(100).size(2).doc(
                        "two percentiles to log at the end")},
       [](const qrun::Config& c) { return std::make_unique<ZooProfiler>(c); });
-  r.add<qrun::Ops>("zoo-scaled-ops", "plain ops with a scaled SwiGLU output (tests)",
+  r.add<qrun::Ops>("zoo-scaled-ops", "SwiGLU only, its output scaled (tests)",
                    qrun::Schema{Field::number("swiglu_scale", 1.0).doc("factor on SwiGLU's output")},
                    [](const qrun::Config& c) { return std::make_unique<ZooScaledOps>(c); });
 }

@@ -70,12 +70,14 @@ class PaddedCollator : public CollatorBase {
  public:
   using CollatorBase::CollatorBase;
   std::optional<Batch> next(ExampleStream& examples) override;
+  std::optional<Layout> layout() const override { return Layout::Padded; }
 };
 
 class PackedCollator : public CollatorBase {
  public:
   using CollatorBase::CollatorBase;
   std::optional<Batch> next(ExampleStream& examples) override;
+  std::optional<Layout> layout() const override { return Layout::Packed; }
 };
 
 // Builders (exposed for tests and tools).

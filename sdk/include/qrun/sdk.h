@@ -9,5 +9,6 @@
 #include <qrun/sdk/kernels.h>
 #include <qrun/sdk/log.h>
 #include <qrun/sdk/model.h>
+#include <qrun/sdk/ops.h>
 #include <qrun/sdk/plugin.h>
 #include <qrun/sdk/run.h>

@@ -91,6 +91,9 @@ class Collator : public Component {
   // Examples pulled but not yet emitted, serialised; restore() puts them back (exact resume).
   virtual std::string state() const { return "{}"; }
   virtual void restore(const std::string& state) { (void)state; }
+  // Added in SDK 3. The layout of every batch it makes, when that is fixed (the host checks the
+  // kernel backends against it before the run, kernels.h); nullopt: it may make either.
+  virtual std::optional<Layout> layout() const { return std::nullopt; }
 };
 
 }  // namespace qrun

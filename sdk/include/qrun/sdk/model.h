@@ -10,6 +10,7 @@
 #include <qrun/sdk/batch.h>
 #include <qrun/sdk/component.h>
 #include <qrun/sdk/kernels.h>
+#include <qrun/sdk/ops.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -24,11 +25,14 @@ namespace qrun {
 // The backends a model calls. Not owned: the host keeps them alive longer than the model.
 // A pointer is null when the recipe names no such kernel and its default is not installed; a
 // model that needs it throws a UserError from build() naming the recipe key (kernels.<kind>).
+// `ops` is the table of operations the host composed from the reference ops and the recipe's
+// kernels.ops backend (ops.h, Note [Ops per operation]); a model takes the operations it calls
+// from it in build() and throws the table's UserError for one that is missing.
 struct ModelKernels {
   Attention* attention = nullptr;
   LinearAttention* linear_attention = nullptr;
   Conv1d* conv1d = nullptr;
-  Ops* ops = nullptr;
+  const OpTable* ops = nullptr;
 };
 
 struct ModelPlacement {
@@ -77,6 +81,12 @@ class Model : public Component {
   virtual double train_flops_per_token(const std::vector<int64_t>& seq_lens) const = 0;
 
   virtual ModelSummary summary() const = 0;
+
+  // Added in SDK 3. The kernel calls the model will make, one per (kind, shape), with kind and
+  // the shape facts of kernels.h's KernelUse filled in (the host adds device, dtype and layout).
+  // Answerable right after construction, before build(): the host checks the recipe's backends
+  // against it before loading any weight (kernels.h, Note [What a backend can run]).
+  virtual std::vector<KernelUse> kernel_uses() const { return {}; }
 };
 
 }  // namespace qrun
