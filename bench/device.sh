@@ -12,6 +12,12 @@
 #   smoke   the GPU smoke test of the real host (bench/smoke_gpu.sh)
 #   gdn     the gated delta kernels' conformance grid and one benchmark round, for every build in
 #           build-dev/gdn/* (e.g. old/ and new/: the same call compares them)
+#   checks  the fused backends (flash-varlen, causal-conv1d, fused ops) against their references
+#           (`qrun check`, the GPU grids with the 27B shapes), the conv kernels' own test and
+#           compute-sanitizer memcheck on the kernels written here (small shapes)
+#   kbench  `qrun check --bench` of each fused backend against its reference at the 27B shapes
+#   compare the fused stage against the reference kernels on one repeated batch, 20 AdamW steps
+#           (bench/compare_fused.sh)
 #   stages  the seed's three stages and the Hugging Face anchor (bench/seed_stages.sh)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,6 +26,9 @@ if [[ "${1:-}" == "--pack" ]]; then
   rm -rf "$D"; mkdir -p "$D/bin" "$D/lib/qrun/plugins" "$D/deb"
   strip --strip-debug -o "$D/bin/qrun" "$B/bin/qrun"
   for p in "$B"/lib/qrun/plugins/*.so; do strip --strip-debug -o "$D/lib/qrun/plugins/$(basename "$p")" "$p"; done
+  for t in test_causal_conv1d bench_causal_conv1d; do
+    [[ -f "$B/bin/$t" ]] && strip --strip-debug -o "$D/bin/$t" "$B/bin/$t"
+  done
   for f in "$D/bin/qrun" "$D"/lib/qrun/plugins/*.so; do ldd "$f"; done |
     awk '/=> \/(usr\/)?lib\/x86_64-linux-gnu\/lib(yaml-cpp|boost_|spdlog|fmt|pcre2|utf8proc)/ {print $3}' |
     sort -u | while read -r so; do cp -L "$so" "$D/deb/"; done
@@ -34,7 +43,9 @@ if [[ "${1:-}" == "--pack" ]]; then
   if [[ -f "$root/../shared/bench/hf_anchor.py" ]]; then
     mkdir -p "$root/build-dev/anchor" && cp "$root/../shared/bench/hf_anchor.py" "$root/build-dev/anchor/"
   fi
-  du -sh "$D"; ls "$D/deb"; exit 0
+  # The device tool carries at most 64 MiB: the host travels compressed (about a third).
+  tar -C "$root/build-dev" -cf - host | xz -T0 -6 > "$root/build-dev/host.tar.xz"
+  du -sh "$D" "$root/build-dev/host.tar.xz"; ls "$D/deb"; exit 0
 fi
 OUT=${1:?usage: bench/device.sh OUT_DIR [STEP ...]}; shift
 steps=${*:-env smoke}
@@ -46,6 +57,7 @@ if [[ -n "${DEVICE_TAR:-}" ]]; then OUT=/tmp/qrun-device-out; rm -rf "$OUT"; fi
 mkdir -p "$OUT" "$final_out"
 fold() { [[ -n "${DEVICE_TAR:-}" ]] && tar -C "$OUT" -czf "$final_out/device.tgz" . ; true; }
 H="$root/build-dev/host"
+if [[ -f "$root/build-dev/host.tar.xz" && ! -x "$H/bin/qrun" ]]; then xz -dc "$root/build-dev/host.tar.xz" | tar -x -C "$root/build-dev"; fi
 TORCH_DIR=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')
 ARROW_DIR=$(python3 -c 'import pyarrow;print(pyarrow.get_library_dirs()[0])' 2>/dev/null || true)
 want=$(ls "$H/../arrow.tar.xz" >/dev/null 2>&1 && xz -dc "$H/../arrow.tar.xz" | tar -t | grep libarrow)
@@ -67,6 +79,24 @@ if has env; then
 fi
 fold
 if has smoke; then bash "$root/bench/smoke_gpu.sh" "$OUT" > "$OUT/smoke.log" 2>&1; echo "smoke rc=$?"; tail -40 "$OUT/smoke.log"; fi
+fold
+if has checks; then
+  { "$QRUN_BIN" check attention/flash-varlen conv1d/causal-conv1d ops/fused --seed random
+    echo "qrun check rc=$?"
+    timeout 300 "$H/bin/test_causal_conv1d"; echo "causal_conv1d kernel test rc=$?"
+    QRUN_CC1D_SMALL=1 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$H/bin/test_causal_conv1d" | tail -4
+    echo "causal_conv1d memcheck rc=${PIPESTATUS[0]}"
+    QRUN_CHECK_SMALL=1 timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$QRUN_BIN" check ops/fused --device cuda --dtype bf16 | tail -4
+    echo "fused ops memcheck rc=${PIPESTATUS[0]}"; } > "$OUT/checks.log" 2>&1
+  echo "checks done"; grep -E "passed;|FAIL|rc=|ERROR SUMMARY|all passed" "$OUT/checks.log"
+fi
+fold
+if has kbench; then
+  for b in attention/flash-varlen conv1d/causal-conv1d ops/fused; do timeout 300 "$QRUN_BIN" check --bench $b; done > "$OUT/kbench.log" 2>&1
+  echo "kbench done"; cat "$OUT/kbench.log"
+fi
+fold
+if has compare; then bash "$root/bench/compare_fused.sh" "$OUT" > "$OUT/compare.log" 2>&1; echo "compare rc=$?"; tail -40 "$OUT/compare.log"; fi
 fold
 if has stages; then bash "$root/bench/seed_stages.sh" "$OUT" > "$OUT/stages.log" 2>&1; echo "stages rc=$?"; tail -40 "$OUT/stages.log"; fi
 fold
