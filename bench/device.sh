@@ -81,18 +81,18 @@ fold
 if has smoke; then bash "$root/bench/smoke_gpu.sh" "$OUT" > "$OUT/smoke.log" 2>&1; echo "smoke rc=$?"; tail -40 "$OUT/smoke.log"; fi
 fold
 if has checks; then
-  { "$QRUN_BIN" check attention/flash-varlen conv1d/causal-conv1d ops/fused --seed random
+  { timeout ${CHECK_TIMEOUT:-360} "$QRUN_BIN" check attention/flash-varlen conv1d/causal-conv1d ops/fused --seed random
     echo "qrun check rc=$?"
     timeout 300 "$H/bin/test_causal_conv1d"; echo "causal_conv1d kernel test rc=$?"
-    QRUN_CC1D_SMALL=1 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$H/bin/test_causal_conv1d" | tail -4
+    QRUN_CC1D_SMALL=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$H/bin/test_causal_conv1d" | tail -4
     echo "causal_conv1d memcheck rc=${PIPESTATUS[0]}"
-    QRUN_CHECK_SMALL=1 timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$QRUN_BIN" check ops/fused --device cuda --dtype bf16 | tail -4
+    QRUN_CHECK_SMALL=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$QRUN_BIN" check ops/fused --device cuda --dtype bf16 | tail -4
     echo "fused ops memcheck rc=${PIPESTATUS[0]}"; } > "$OUT/checks.log" 2>&1
   echo "checks done"; grep -E "passed;|FAIL|rc=|ERROR SUMMARY|all passed" "$OUT/checks.log"
 fi
 fold
 if has kbench; then
-  for b in attention/flash-varlen conv1d/causal-conv1d ops/fused; do timeout 300 "$QRUN_BIN" check --bench $b; done > "$OUT/kbench.log" 2>&1
+  for b in attention/flash-varlen conv1d/causal-conv1d ops/fused; do timeout 150 "$QRUN_BIN" check --bench $b; done > "$OUT/kbench.log" 2>&1
   echo "kbench done"; cat "$OUT/kbench.log"
 fi
 fold
