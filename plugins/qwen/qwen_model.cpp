@@ -573,7 +573,8 @@ class QwenModel final : public Model {
     at::Tensor targets = shifted_targets(batch);
     ModelOutput out;
     out.loss_sum = linear_cross_entropy_(x.reshape({-1, c_.hidden}), W, targets.reshape({-1}));
-    out.loss_tokens = targets.ne(kIgnoreIndex).sum().item<int64_t>();
+    // The collator's exact host count (batch.h): no device->host read inside the step.
+    out.loss_tokens = batch.loss_tokens;
     if (return_logits) out.logits = at::linear(x, W).to(acc());  // fp32 (fp64 in the fp64 mode)
     return out;
   }
