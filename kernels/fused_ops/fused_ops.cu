@@ -4,7 +4,7 @@
 // A row is handled by one warp when it has at most 1,024 elements (the per-head norms: 128 and
 // 256) and by one block of 256 threads otherwise (the layer norms: 5,120 at 27B). Rows are read
 // twice - once for the statistics, once for the result - the second read hitting L1/L2: a row is
-// at most 24 KB. Backward kernels accumulate the weight gradient of the rows they handle in
+// at most 32 KB. Backward kernels accumulate the weight gradient of the rows they handle in
 // shared memory (each column owned by one thread of a warp-slot, so the order is fixed), write
 // one fp32 partial per slot, and a second kernel sums the partials in slot order: deterministic.
 #include "fused_ops.h"
@@ -26,7 +26,7 @@ using vec::zero;
 
 constexpr int kBlockThreads = 256;  // threads of a block-per-row kernel, and of a warp-per-row block
 constexpr int kWarpRowsMax = 1024;  // largest row a warp handles
-constexpr int kMaxCols = 12288;     // largest row a block handles (its dw slot: 48 KB of shared memory)
+constexpr int kMaxCols = 16384;     // largest row a block handles (its dw slot: 64 KB of shared memory)
 constexpr int kMaxBlocks = 512;     // grid cap of the row kernels (rows are grid-strided)
 
 size_t esize(DType d) { return d == DType::F32 ? 4 : 2; }
@@ -489,8 +489,17 @@ RowGrid row_grid(int64_t rows, int64_t cols) {
 void check_norm(const NormArgs& a) {
   if (a.outer < 0 || a.inner < 1 || a.cols < 1) bad("norm: bad sizes");
   if (a.rot < 0 || a.rot % 2 != 0 || a.rot > a.cols) bad("norm: rot must be even and at most cols");
+  if (a.outer == 0) return;  // no rows: no pointers needed
   if (a.rot > 0 && (a.cos == nullptr || a.sin == nullptr)) bad("norm: rope needs cos and sin");
   if (a.x.ptr == nullptr || a.w == nullptr) bad("norm: x and w must be given");
+}
+
+// Dynamic shared memory beyond the default 48 KB needs the kernel's opt-in.
+template <typename K>
+void allow_smem(K kernel, size_t bytes) {
+  if (bytes + 256 > 48 * 1024)
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
+      check_launch("shared memory opt-in");
 }
 
 bool norm_vec8(const NormArgs& a, std::initializer_list<Rows> rows) {
@@ -539,8 +548,12 @@ void norm_backward(const NormArgs& a, const float* rstd, Rows dy, Rows ds, MutRo
   dispatch_tw(a.dtype, a.w_dtype, [&]<typename T, typename TW>() {
     if (rows > 0) {
       auto go = [&]<int VEC>() {
-        if (g.warp) norm_bwd_kernel<T, TW, VEC, true><<<g.blocks, g.threads, g.smem_bytes, stream>>>(a, rstd, dy, ds, dx, ws);
-        else norm_bwd_kernel<T, TW, VEC, false><<<g.blocks, g.threads, g.smem_bytes, stream>>>(a, rstd, dy, ds, dx, ws);
+        if (g.warp) {
+          norm_bwd_kernel<T, TW, VEC, true><<<g.blocks, g.threads, g.smem_bytes, stream>>>(a, rstd, dy, ds, dx, ws);
+        } else {
+          allow_smem(norm_bwd_kernel<T, TW, VEC, false>, g.smem_bytes);
+          norm_bwd_kernel<T, TW, VEC, false><<<g.blocks, g.threads, g.smem_bytes, stream>>>(a, rstd, dy, ds, dx, ws);
+        }
       };
       if (v8) go.template operator()<8>();
       else go.template operator()<1>();
@@ -553,9 +566,9 @@ void norm_backward(const NormArgs& a, const float* rstd, Rows dy, Rows ds, MutRo
 }
 
 void gated_norm_forward(const GatedNormArgs& a, MutRows y, float* rstd, CUstream_st* stream) {
-  if (a.rows < 0 || a.cols < 1 || a.x.ptr == nullptr || a.z.ptr == nullptr || a.w == nullptr)
-    bad("gated_norm: bad arguments");
+  if (a.rows < 0 || a.cols < 1) bad("gated_norm: bad sizes");
   if (a.rows == 0) return;
+  if (a.x.ptr == nullptr || a.z.ptr == nullptr || a.w == nullptr) bad("gated_norm: x, z and w must be given");
   const RowGrid g = row_grid(a.rows, a.cols);
   const size_t es = esize(a.dtype);
   const bool v8 = a.cols % 8 == 0 && rows_aligned(a.x, es, false) && rows_aligned(a.z, es, false) &&
@@ -587,8 +600,12 @@ void gated_norm_backward(const GatedNormArgs& a, const float* rstd, Rows dy, Mut
   dispatch_tw(a.dtype, a.w_dtype, [&]<typename T, typename TW>() {
     if (a.rows > 0) {
       auto go = [&]<int VEC>() {
-        if (g.warp) gated_bwd_kernel<T, TW, VEC, true><<<g.blocks, g.threads, g.smem_bytes, stream>>>(a, rstd, dy, dx, dz, ws);
-        else gated_bwd_kernel<T, TW, VEC, false><<<g.blocks, g.threads, g.smem_bytes, stream>>>(a, rstd, dy, dx, dz, ws);
+        if (g.warp) {
+          gated_bwd_kernel<T, TW, VEC, true><<<g.blocks, g.threads, g.smem_bytes, stream>>>(a, rstd, dy, dx, dz, ws);
+        } else {
+          allow_smem(gated_bwd_kernel<T, TW, VEC, false>, g.smem_bytes);
+          gated_bwd_kernel<T, TW, VEC, false><<<g.blocks, g.threads, g.smem_bytes, stream>>>(a, rstd, dy, dx, dz, ws);
+        }
       };
       if (v8) go.template operator()<8>();
       else go.template operator()<1>();
@@ -607,8 +624,9 @@ unsigned elementwise_blocks(int64_t n) {
 }  // namespace
 
 void swiglu_forward(const SwiGluArgs& a, MutRows y, CUstream_st* stream) {
-  if (a.rows < 0 || a.cols < 1 || a.g.ptr == nullptr || a.u.ptr == nullptr) bad("swiglu: bad arguments");
+  if (a.rows < 0 || a.cols < 1) bad("swiglu: bad sizes");
   if (a.rows == 0) return;
+  if (a.g.ptr == nullptr || a.u.ptr == nullptr) bad("swiglu: gate and up must be given");
   const size_t es = esize(a.dtype);
   const bool v8 = a.cols % 8 == 0 && rows_aligned(a.g, es, false) && rows_aligned(a.u, es, false) &&
                   rows_aligned(y, es, false);

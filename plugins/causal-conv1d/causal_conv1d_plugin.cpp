@@ -5,8 +5,9 @@
 //     kernels: { conv1d: causal-conv1d }
 //
 // Layouts: packed [T, C] and padded [B, S, C] both run as one token stream (the padded rows
-// flattened), with SeqInfo::seq_idx telling the samples apart (-1: padding, output 0). When a
-// batch has no seq_idx it is built from cu_seqlens_host and uploaded once (never read back).
+// flattened), with SeqInfo::seq_idx telling the samples apart (-1: padding, output 0). Every
+// collator's batch carries seq_idx; for one without, it is built from cu_seqlens_host and uploaded
+// on each call (never read back).
 // Dtypes: x fp32, bf16 or fp16 (the output has x's dtype); the weight fp32 or x's dtype, any
 // other is taken in fp32. Products and sums in fp32 (the kernels' numerics, causal_conv1d.h).
 // Memory and streams as the SDK's Note [Kernel backend contract]: outputs and the backward's
@@ -78,7 +79,7 @@ struct ConvFn : public torch::autograd::Function<ConvFn> {
     const at::Tensor &x = s[0], &w = s[1], &seq_idx = s[2];
     c10::cuda::CUDAGuard guard(x.device());
     at::Tensor dy = grad[0].scalar_type() == x.scalar_type() ? grad[0] : grad[0].to(x.scalar_type());
-    if (dy.stride(-1) != 1) dy = dy.contiguous();
+    if (dy.stride(-1) != 1 || dy.stride(0) < dy.size(1)) dy = dy.contiguous();
     const cc::Problem p = problem(x, w, seq_idx, ctx->saved_data["silu"].toBool());
     at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
     at::Tensor dw = at::empty_like(w);

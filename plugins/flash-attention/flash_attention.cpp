@@ -56,7 +56,7 @@ std::string why_not(c10::DeviceType device, c10::ScalarType dtype, int64_t q_hea
 at::Tensor row_offsets(int64_t B, int64_t S, const at::Device& dev) {
   static std::mutex mu;
   static std::optional<std::tuple<int64_t, int64_t, at::Device>> key;
-  static at::Tensor cached;
+  static at::Tensor& cached = *new at::Tensor();  // never destroyed: outlives CUDA's teardown
   std::lock_guard<std::mutex> lock(mu);
   if (!key || *key != std::make_tuple(B, S, dev)) {
     at::Tensor host = at::arange(0, (B + 1) * S, S, at::TensorOptions().dtype(at::kInt)).pin_memory();
@@ -73,11 +73,9 @@ struct FlashFn : public torch::autograd::Function<FlashFn> {
                                                                    /*is_causal=*/true,
                                                                    /*return_debug_mask=*/false, scale);
     (void)dbg;
-    if (at::GradMode::is_enabled() || q.requires_grad() || k.requires_grad() || v.requires_grad()) {
-      ctx->save_for_backward({q, k, v, o, lse, cu, rng, unused});
-      ctx->saved_data["max_len"] = max_len;
-      ctx->saved_data["scale"] = scale;
-    }
+    ctx->save_for_backward({q, k, v, o, lse, cu, rng, unused});
+    ctx->saved_data["max_len"] = max_len;
+    ctx->saved_data["scale"] = scale;
     return o;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -122,7 +120,10 @@ class FlashVarlen final : public Attention {
                  "{}: SeqInfo.cu_seqlens must be an int32 device tensor", kName);
       at::Tensor cu = seq.cu_seqlens.device() == q.device() ? seq.cu_seqlens : seq.cu_seqlens.to(q.device());
       auto part = [&](const at::Tensor& x) { return covered < T ? x.narrow(0, 0, covered) : x; };
-      at::Tensor o = FlashFn::apply(part(qc), part(kc), part(vc), cu, std::max<int64_t>(seq.max_seqlen, 1), scale);
+      // The kernels launch query blocks for max_seqlen: never trust a smaller value.
+      int64_t longest = 1;
+      for (int64_t i = 0; i < seq.num_seqs(); ++i) longest = std::max(longest, seq.seq_len(i));
+      at::Tensor o = FlashFn::apply(part(qc), part(kc), part(vc), cu, longest, scale);
       if (covered < T) o = at::constant_pad_nd(o, {0, 0, 0, 0, 0, T - covered});
       return o;
     }

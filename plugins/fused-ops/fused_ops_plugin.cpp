@@ -12,7 +12,8 @@
 //   loss_c, dlogits = CE rows in place     (one kernel: logsumexp, the target, softmax - onehot)
 //   dh_c = dlogits W,  dW += dlogits^T h_c (cuBLAS; the first chunk writes dW, the rest add to it)
 // so the gradients are made in the forward pass, as Liger's fused linear cross-entropy does, and
-// the peak extra memory is one chunk of logits. The logits are rounded to the hidden states'
+// the peak extra memory is one chunk of logits. Targets outside [0, V) are ignored like -100 (the
+// reference's cross_entropy stops with a device assert instead); the datasets check token ids. The logits are rounded to the hidden states'
 // dtype before the softmax, as transformers' and the reference's bf16 head does. The backward
 // multiplies both gradients by the loss's incoming gradient, a device tensor (1 / loss tokens in
 // a run): no host synchronisation. Without gradients (evaluation) only the loss is computed.
@@ -63,6 +64,9 @@ CUstream_st* stream() { return at::cuda::getCurrentCUDAStream(); }
 
 // A norm weight as the kernels take it: fp32 or the activations' dtype, contiguous.
 at::Tensor norm_weight(const at::Tensor& w, const at::Tensor& x) {
+  QRUN_CHECK(w.numel() == x.size(-1) && w.device() == x.device(),
+             "{}: a norm weight of {} elements on {} for rows of {} on {}", kName, w.numel(), w.device().str(),
+             x.size(-1), x.device().str());
   at::Tensor v = (w.scalar_type() == at::kFloat || w.scalar_type() == x.scalar_type()) ? w : w.to(at::kFloat);
   return v.contiguous();
 }
@@ -320,8 +324,10 @@ int64_t chunk_rows(int64_t configured, int64_t V, int64_t elem) {
 }
 
 struct LinearCeFn : public torch::autograd::Function<LinearCeFn> {
+  // need_dh / need_dW: whether the caller records gradients for hidden / weight (grad mode is
+  // always off inside forward, so the op's lambda decides before apply()).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden_in, const at::Tensor& weight_in,
-                            const at::Tensor& targets_in, int64_t chunk_cfg) {
+                            const at::Tensor& targets_in, int64_t chunk_cfg, bool need_dh, bool need_dW) {
     c10::cuda::CUDAGuard guard(hidden_in.device());
     QRUN_CHECK(hidden_in.dim() == 2 && weight_in.dim() == 2 && hidden_in.size(1) == weight_in.size(1),
                "{} linear_cross_entropy_sum: hidden [N, H] and weight [V, H], got {} and {}", kName,
@@ -330,15 +336,16 @@ struct LinearCeFn : public torch::autograd::Function<LinearCeFn> {
                "{} linear_cross_entropy_sum: weight {} and hidden {} must share a dtype", kName,
                c10::toString(weight_in.scalar_type()), c10::toString(hidden_in.scalar_type()));
     const at::Tensor h = hidden_in.contiguous(), W = weight_in.contiguous();
+    QRUN_CHECK(targets_in.numel() == hidden_in.size(0) && targets_in.device() == hidden_in.device(),
+               "{} linear_cross_entropy_sum: targets {} on {} for {} rows on {}", kName, targets_in.sizes(),
+               targets_in.device().str(), hidden_in.size(0), hidden_in.device().str());
     const at::Tensor targets = targets_in.to(at::kLong).contiguous();
     const int64_t N = h.size(0), V = W.size(0);
-    const bool grads = hidden_in.requires_grad() || weight_in.requires_grad();
+    const bool grads = need_dh || need_dW;
     at::Tensor losses = at::empty({N}, h.options().dtype(at::kFloat));
     at::Tensor dh, dW;
-    if (grads) {
-      dh = at::empty_like(h);
-      dW = at::empty_like(W);
-    }
+    if (need_dh) dh = at::empty_like(h);
+    if (need_dW) dW = at::empty_like(W);
     const int64_t rows = chunk_rows(chunk_cfg, V, h.element_size());
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
       const int64_t n = std::min(rows, N - r0);
@@ -347,12 +354,15 @@ struct LinearCeFn : public torch::autograd::Function<LinearCeFn> {
       fo::cross_entropy_rows(logits.data_ptr(), n, V, V, dt(h), targets.data_ptr<int64_t>() + r0,
                              losses.data_ptr<float>() + r0, stream());
       if (!grads) continue;
-      at::Tensor dhc = dh.narrow(0, r0, n);
-      at::mm_out(dhc, logits, W);
+      if (need_dh) {
+        at::Tensor dhc = dh.narrow(0, r0, n);
+        at::mm_out(dhc, logits, W);
+      }
+      if (!need_dW) continue;
       if (r0 == 0) at::mm_out(dW, logits.t(), hc);
       else dW.addmm_(logits.t(), hc);
     }
-    if (N == 0 && grads) dW.zero_();
+    if (N == 0 && need_dW) dW.zero_();
     ctx->save_for_backward({dh, dW});
     return losses.sum();
   }
@@ -360,8 +370,10 @@ struct LinearCeFn : public torch::autograd::Function<LinearCeFn> {
     auto s = ctx->get_saved_variables();
     at::Tensor g = grad[0].to(at::kFloat);  // 0-dim, on the device: no host read
     at::Tensor dh = s[0].defined() ? s[0] * g : at::Tensor();
+    // In place: dW is as large as the head. A second backward through the same graph
+    // (retain_graph) therefore fails loudly on the saved tensor's version, never scales twice.
     at::Tensor dW = s[1].defined() ? s[1].mul_(g) : at::Tensor();
-    return {dh, dW, at::Tensor(), at::Tensor()};
+    return {dh, dW, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -387,7 +399,7 @@ class FusedOps final : public Ops {
              " (the reference ops run everywhere)";
     if (u.dtype != at::kBFloat16 && u.dtype != at::kHalf && u.dtype != at::kFloat)
       return std::string("it takes fp32, bf16 or fp16 activations, not ") + c10::toString(u.dtype);
-    if (u.channels > 12288) return "hidden size " + std::to_string(u.channels) + " is above the 12,288 its norms take";
+    if (u.channels > 16384) return "hidden size " + std::to_string(u.channels) + " is above the 16,384 its norms take";
     return {};
   }
 
@@ -445,7 +457,8 @@ class FusedOps final : public Ops {
       t.provide<op::LinearCrossEntropy>(
           [chunk](const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets) {
             check_cuda(h, op::LinearCrossEntropy::kName);
-            return LinearCeFn::apply(h, w, targets, chunk);
+            const bool grad = at::GradMode::is_enabled();
+            return LinearCeFn::apply(h, w, targets, chunk, grad && h.requires_grad(), grad && w.requires_grad());
           },
           provider);
     }
