@@ -6,6 +6,7 @@
 #include "bench.h"
 #include "check.h"
 #include "data_commands.h"
+#include "distributed.h"
 #include "host_info.h"
 #include "kernel_bench.h"
 #include "kernel_check.h"
@@ -213,6 +214,23 @@ int dispatch(const std::vector<std::string>& args) {
   static const std::vector<std::string> commands = {"run",      "validate", "eval",    "check",
                                                    "bench",    "compare",  "tokenize", "data",
                                                    "plugins",  "--version"};
+  // qrun --nproc-per-node N <command...>: N ranks of the command on this node (distributed.h).
+  if (args[0] == "--nproc-per-node" || args[0].rfind("--nproc-per-node=", 0) == 0) {
+    std::string n = args[0].size() > 17 ? args[0].substr(17) : "";
+    size_t rest = 1;
+    if (n.empty()) {
+      QRUN_CHECK(args.size() >= 2, "--nproc-per-node needs a number of ranks, then the command");
+      n = args[1];
+      rest = 2;
+    }
+    char* end = nullptr;
+    const long nproc = std::strtol(n.c_str(), &end, 10);
+    QRUN_CHECK(!n.empty() && *end == '\0' && nproc >= 1 && nproc <= 1024,
+               "--nproc-per-node '{}' is not a number of ranks in [1, 1024]", n);
+    QRUN_CHECK(args.size() > rest, "--nproc-per-node {}: no command to run (e.g. qrun --nproc-per-node {} "
+               "recipes/qwen27b_packed.yaml)", n, n);
+    return launch_local(static_cast<int>(nproc), {args.begin() + rest, args.end()});
+  }
   const std::string& c = args[0];
   if (c == "--version" || c == "version") return cmd_version();
   if (c == "validate") return cmd_validate(args);

@@ -15,6 +15,12 @@ void init_logging() {
   if (const char* lvl = std::getenv("QRUN_LOG_LEVEL")) spdlog::set_level(spdlog::level::from_str(lvl));
 }
 
+void set_log_rank(int rank, int world_size) {
+  if (world_size <= 1) return;
+  spdlog::default_logger()->set_pattern(fmt::format("[%H:%M:%S] [rank {}] [%^%l%$] %v", rank));
+  if (rank != 0 && spdlog::get_level() < spdlog::level::warn) spdlog::set_level(spdlog::level::warn);
+}
+
 void log_write(int level, const char* message) {
   switch (level) {
     case 0: spdlog::debug("{}", message); break;

@@ -13,5 +13,8 @@ namespace qrun {
 void init_logging();
 // Writes one message (level as qrun::LogLevel). Thread-safe.
 void log_write(int level, const char* message);
+// In a run of several ranks: every line carries "rank N"; ranks other than 0 log warnings and
+// errors only (rank 0 prints the progress).
+void set_log_rank(int rank, int world_size);
 
 }  // namespace qrun

@@ -1,6 +1,7 @@
 // framework/main.cpp - the `qrun` command line.
 //
 //   qrun <recipe.yaml> [--set a.b=v ...] [--resume]  run (train) a recipe
+//   qrun --nproc-per-node N <recipe.yaml> [...]      N ranks of the run on this node
 //   qrun validate <recipe.yaml> [--set ...]  check a recipe without running it
 //   qrun eval <recipe.yaml> [--set ...]      mean loss and perplexity as JSON
 //   qrun check <kind>/<name>                 conformance of a backend against its reference
@@ -33,6 +34,7 @@ namespace {
 
 const char* kUsage =
     "usage: qrun <recipe.yaml> [--set key.path=value ...] [--resume]\n"
+    "       qrun --nproc-per-node N <recipe.yaml> [...]   N ranks on this node (torchrun's variables)\n"
     "       qrun validate <recipe.yaml> [--set key.path=value ...]\n"
     "       qrun eval <recipe.yaml> [--set key.path=value ...]\n"
     "       qrun check <kind>/<name> [--set key=value ...]   a backend against its kind's reference\n"
@@ -46,7 +48,9 @@ const char* kUsage =
     "       qrun --version | --help\n"
     "\n"
     "Environment: QRUN_PLUGIN_PATH (extra plugin folders or files, ':'-separated),\n"
-    "             QRUN_LOG_LEVEL (debug, info, warn, error).\n";
+    "             QRUN_LOG_LEVEL (debug, info, warn, error),\n"
+    "             RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun)\n"
+    "             or SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_NODELIST (srun).\n";
 
 }  // namespace
 

@@ -98,8 +98,13 @@ const SectionSpec& recipe_layout() {
                    Field::choice("device", "auto", {"auto", "cpu", "cuda"})
                        .doc("compute device; auto picks cuda when a GPU is present"),
                    Field::integer("seed", 0).min(0).doc("seed of every random choice of the run"),
+                   Field::number("dist_timeout_s", 300.0).min(1).doc(
+                       "seconds a rank waits at the rendezvous or in a collective before it fails "
+                       "(a rank that died makes the others stop within this bound)"),
                }),
           slot("model", "model", "the network: builds it, loads and saves HF checkpoints"),
+          soft(slot("sharding", "sharding",
+                    "parameters, gradients and optimizer state across ranks (none, ddp, fsdp2)", "none")),
           group("kernels", "the backends the model's layers call",
                 {
                     // A model that needs a kernel nobody installed says so when it is built.
@@ -811,6 +816,10 @@ std::string Recipe::resolved_yaml(const std::vector<std::pair<std::string, std::
   };
   if (auto it = components.find("model"); it != components.end()) {
     out << YAML::Key << "model" << YAML::Value;
+    emit_component(out, it->second);
+  }
+  if (auto it = components.find("sharding"); it != components.end()) {
+    out << YAML::Key << "sharding" << YAML::Value;
     emit_component(out, it->second);
   }
   emit_group("kernels", {"attention", "linear_attention", "conv1d", "ops"});

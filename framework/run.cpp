@@ -6,6 +6,8 @@
 #include "run.h"
 
 #include "checkpoint.h"
+#include "distributed.h"
+#include "log_backend.h"
 #include "components.h"
 #include "trainer.h"
 
@@ -53,9 +55,13 @@ int run_recipe(const Recipe& r, const Registry& reg, bool resume) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   QRUN_CHECK(!ec, "cannot create run directory {}: {}", dir.string(), ec.message());
-  write_file_atomically(dir / "recipe.resolved.yaml", r.resolved_yaml());
-  log_info("run '{}': resolved recipe written to {}", r.section("run").get_string("name"),
-           (dir / "recipe.resolved.yaml").string());
+  const DistributedEnv env = read_launch_env(environ_map());
+  set_log_rank(env.rank, env.world_size);
+  if (env.rank == 0) {
+    write_file_atomically(dir / "recipe.resolved.yaml", r.resolved_yaml());
+    log_info("run '{}': resolved recipe written to {}", r.section("run").get_string("name"),
+             (dir / "recipe.resolved.yaml").string());
+  }
   if (r.component("model") != nullptr) return train(r, reg, resume);
   QRUN_CHECK(!resume, "--resume needs a recipe with a model");
   // A data-only recipe: stream the data once and report what the collator made of it.

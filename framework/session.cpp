@@ -2,6 +2,8 @@
 #include "session.h"
 
 #include "components.h"
+#include "distributed.h"
+#include "log_backend.h"
 #include "kernel_check.h"
 #include "text.h"
 
@@ -13,6 +15,8 @@
 #include <dlfcn.h>
 
 #include <chrono>
+#include <map>
+#include <numeric>
 
 namespace qrun {
 
@@ -119,9 +123,57 @@ std::pair<double, double> peak_device_memory_mib(const c10::Device& d) {
           static_cast<double>(stats.reserved_bytes[kAll].peak) / (1 << 20)};
 }
 
+namespace {
+
+// The transport for ranks on `device`: the first installed one that connects it.
+std::unique_ptr<Transport> pick_transport(const Registry& reg, c10::DeviceType device) {
+  std::vector<std::string> why;
+  for (const RegistryEntry* e : reg.entries()) {
+    if (e->info.kind != Transport::kKind || !e->conflicts.empty()) continue;
+    auto t = reg.create<Transport>(e->info.name, Config("transport", {}));
+    const std::string no = t->unsupported(device);
+    if (no.empty()) return t;
+    why.push_back(fmt::format("{}: {}", e->info.name, no));
+  }
+  QRUN_CHECK(false, "no installed transport connects {} ranks{}{}", c10::DeviceTypeName(device, true),
+             why.empty() ? " (none is installed: the nccl-transport plugin is built with CUDA)" : ": ",
+             join(why, "; "));
+  return nullptr;
+}
+
+}  // namespace
+
 Session::Session(const Recipe& r, const Registry& reg) : recipe(r), registry(reg) {
   run_dir = r.section("run").get_string("dir");
   device = pick_device(r.section("run"));
+  // Note [Ranks and global batches] (sdk run.h): where this process sits, checked before any work.
+  env = read_launch_env(environ_map());
+  set_log_rank(env.rank, env.world_size);
+  if (r.component("sharding")) sharding = make_component<Sharding>(r, reg, "sharding");
+  else if (reg.find(Sharding::kKind, "none")) sharding = reg.create<Sharding>("none", Config("sharding", {}));
+  if (env.distributed()) {
+    const ComponentSpec* sh = r.component("sharding");
+    QRUN_CHECK(sh != nullptr && sh->name != "none",
+               "{}: this run has {} ranks ({}) but {}: set sharding: ddp or fsdp2", sh ? sh->location : r.file,
+               env.world_size, env.source, sh ? "sharding is none" : "the recipe names no sharding");
+    const int64_t ga = r.section("train").get_int("grad_accum");
+    QRUN_CHECK(ga % env.world_size == 0,
+               "{}: train.grad_accum {} (micro-batches per step, over all ranks) is not a multiple of the {} "
+               "ranks; set it to a multiple, e.g. {}",
+               r.section("train").location("grad_accum"), ga, env.world_size, env.world_size * ((ga + env.world_size - 1) / env.world_size));
+    if (device.is_cuda()) {
+      const int64_t n = static_cast<int64_t>(torch::cuda::device_count());
+      QRUN_CHECK(env.local_world_size <= n,
+                 "launch: {} ranks on this node (LOCAL_WORLD_SIZE) but {} CUDA device{}: one rank per GPU "
+                 "(NCCL refuses two ranks on one GPU)", env.local_world_size, n, n == 1 ? "" : "s");
+      device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+      at::accelerator::setDeviceIndex(static_cast<c10::DeviceIndex>(env.local_rank));
+    }
+    transport = pick_transport(reg, device.type());
+    comm = transport->connect(env, device, r.section("run").get_float("dist_timeout_s"));
+    log_info("ranks: {} of {} ({}), {} on {}", env.rank, env.world_size, env.source,
+             r.component("sharding")->name, device.str());
+  }
   QRUN_CHECK(r.component("model") != nullptr, "{}: a training run needs a model: section", r.file);
   QRUN_CHECK(r.component("data.dataset") != nullptr, "{}: a training run needs data.dataset", r.file);
   at::manual_seed(static_cast<uint64_t>(r.section("run").get_int("seed")));
@@ -159,6 +211,12 @@ Session::Session(const Recipe& r, const Registry& reg) : recipe(r), registry(reg
     e.add_context(fmt::format("while building model '{}'", r.component("model")->name));
     throw;
   }
+  if (sharding) {
+    optimized = sharding->wrap(*model, comm.get());
+  } else {
+    for (auto& [n, p] : model->named_parameters())
+      if (p.requires_grad()) optimized.push_back({n, p});
+  }
   if (device.is_cuda()) torch::cuda::synchronize();
   build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   tokenizer = make_component<Tokenizer>(r, reg, "data.tokenizer");
@@ -179,9 +237,29 @@ const char* Session::eval_path() const {
 
 std::vector<std::pair<std::string, at::Tensor>> Session::trainable_parameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (auto& [n, p] : model->named_parameters())
-    if (p.requires_grad()) out.emplace_back(n, p);
+  for (const auto& p : optimized) out.emplace_back(p.name, p.tensor);
   return out;
+}
+
+std::vector<size_t> rank_share(const std::vector<Batch>& micro, int rank, int world) {
+  std::vector<size_t> order(micro.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return micro[a].real_tokens > micro[b].real_tokens; });
+  const size_t cap = (micro.size() + static_cast<size_t>(world) - 1) / static_cast<size_t>(world);
+  std::vector<int64_t> tokens(world, 0);
+  std::vector<size_t> count(world, 0);
+  std::vector<size_t> mine;
+  for (size_t i : order) {
+    int best = -1;
+    for (int r = 0; r < world; ++r)
+      if (count[r] < cap && (best < 0 || tokens[r] < tokens[best])) best = r;
+    tokens[best] += micro[i].real_tokens;
+    count[best]++;
+    if (best == rank) mine.push_back(i);
+  }
+  std::sort(mine.begin(), mine.end());
+  return mine;
 }
 
 AdamWOptions Session::adamw_options() const {
@@ -198,7 +276,8 @@ AdamWOptions Session::adamw_options() const {
 
 StepOutcome train_step(Session& s, AdamW& opt,
                        const std::vector<std::pair<std::string, at::Tensor>>& trainable,
-                       const std::vector<Batch>& micro, double clip, double lr) {
+                       const std::vector<Batch>& micro, double clip, double lr, bool stop_requested) {
+  (void)trainable;
   StepOutcome o;
   for (const auto& b : micro) {
     o.loss_tokens += b.loss_tokens;
@@ -207,43 +286,60 @@ StepOutcome train_step(Session& s, AdamW& opt,
     for (int64_t i = 0; i < b.num_seqs(); ++i) o.seq_lens.push_back(b.seq.seq_len(i));
     o.sample_ids.insert(o.sample_ids.end(), b.sample_ids.begin(), b.sample_ids.end());
   }
-  // Forward + backward; the loss sums stay on the device (fp64, as the host sum was) until the
-  // one read below.
+  const int world = s.comm ? s.comm->world_size() : 1;
+  const std::vector<size_t> mine = rank_share(micro, s.env.rank, world);
+  // Forward + backward of this rank's micro-batches, each loss scaled by 1 / (loss tokens of the
+  // whole global batch); the loss sums stay on the device (fp64) until the one read below.
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(s.device));
   if (o.loss_tokens > 0) {
-    for (const auto& b : micro) {
-      ModelOutput out = s.model->forward(b.to(s.device));
+    for (size_t k = 0; k < mine.size(); ++k) {
+      if (s.sharding) s.sharding->begin_micro_batch(k + 1 == mine.size());
+      ModelOutput out = s.model->forward(micro[mine[k]].to(s.device));
       (out.loss_sum / static_cast<double>(o.loss_tokens)).backward();
       loss_sum = loss_sum + out.loss_sum.detach().to(at::kDouble);
     }
   }
-  // The global gradient norm with one multi-tensor kernel per (device, dtype) group, accumulated
-  // in fp32 (fp64 for fp64 gradients), then clipping with one multi-tensor multiply per group.
-  std::map<std::pair<int, int>, std::vector<at::Tensor>> groups;
-  for (const auto& [n, p] : trainable)
-    if (p.grad().defined()) {
-      const at::Tensor& g = p.grad();
-      groups[{static_cast<int>(g.device().type()) * 1024 + g.device().index(),
-              static_cast<int>(g.scalar_type())}].push_back(g);
-    }
-  at::Tensor gnorm_t = at::zeros({}, loss_sum.options());
-  if (!groups.empty()) {
-    std::vector<at::Tensor> norms;  // per group: the norms of its tensors, [n]
+  if (s.sharding) {
+    if (mine.empty()) s.sharding->begin_micro_batch(true);  // no batch here, still in the reduction
+    s.sharding->finish_gradients();
+  }
+  // The global gradient norm: each rank's share of the sum of squares (multi-tensor kernels), and
+  // the loss and the stop request, summed over ranks in one collective; one host read per step.
+  at::Tensor gsq;
+  if (s.sharding) {
+    gsq = s.sharding->grad_square_sum().to(loss_sum.device()).to(at::kDouble);
+  } else {
+    std::map<std::pair<int, int>, std::vector<at::Tensor>> groups;
+    for (const auto& p : s.optimized)
+      if (p.tensor.grad().defined())
+        groups[{static_cast<int>(p.tensor.grad().scalar_type()), 0}].push_back(p.tensor.grad());
+    gsq = at::zeros({}, loss_sum.options());
     for (auto& [key, gs] : groups) {
       const auto acc = gs.front().scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-      norms.push_back(at::stack(at::_foreach_norm(gs, 2, acc)).to(loss_sum.device()).to(at::kDouble));
+      gsq = gsq + at::stack(at::_foreach_norm(gs, 2, acc)).to(loss_sum.device()).to(at::kDouble).pow(2).sum();
     }
-    gnorm_t = at::cat(norms).norm();
   }
-  at::Tensor host = at::stack({loss_sum, gnorm_t}).cpu();
+  at::Tensor stats = at::stack({loss_sum, gsq, at::full({}, stop_requested ? 1.0 : 0.0, loss_sum.options())});
+  if (s.comm) s.comm->all_reduce_sum(stats)->wait();
+  at::Tensor host = stats.cpu();
   const double* h = host.data_ptr<double>();
   o.loss = o.loss_tokens > 0 ? h[0] / static_cast<double>(o.loss_tokens) : std::nan("");
-  o.grad_norm = h[1];
-  if (clip > 0 && o.grad_norm > clip)
-    for (auto& [key, gs] : groups) at::_foreach_mul_(gs, clip / (o.grad_norm + 1e-6));
+  o.grad_norm = std::sqrt(h[1]);
+  o.stop = h[2] > 0;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : s.optimized)
+    if (p.tensor.grad().defined()) grads.push_back(p.tensor.grad());
+  if (clip > 0 && o.grad_norm > clip && !grads.empty()) {
+    std::map<int, std::vector<at::Tensor>> by;
+    for (auto& g : grads) by[static_cast<int>(g.scalar_type())].push_back(g);
+    for (auto& [dt, gs] : by) at::_foreach_mul_(gs, clip / (o.grad_norm + 1e-6));
+  }
   o.finite = std::isfinite(o.grad_norm) && (o.loss_tokens == 0 || std::isfinite(o.loss));
   if (o.finite) {
-    if (o.loss_tokens > 0) opt.step(lr);
+    if (o.loss_tokens > 0) {
+      opt.step(lr);
+      if (s.sharding) s.sharding->after_optimizer_step();
+    }
     opt.zero_grad();
     if (s.device.is_cuda()) torch::cuda::synchronize();
   }

@@ -64,8 +64,17 @@ struct Session {
   std::unique_ptr<Collator> collator;
   std::vector<std::unique_ptr<Profiler>> profilers;
   double build_seconds = 0;  // building the model (initialisation or checkpoint load)
+  // The ranks (sdk run.h, Note [Ranks and global batches]): this process's place, the collectives
+  // (null for one process) and the sharding (null when none is installed: one process, the model's
+  // parameters are the optimizer's).
+  DistributedEnv env;
+  std::unique_ptr<Transport> transport;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Sharding> sharding;
+  std::vector<ShardedParam> optimized;  // what this rank's optimizer updates
 
   Session(const Recipe& r, const Registry& reg);
+  bool is_rank0() const { return env.rank == 0; }
   DataContext data_context() const;
   // The evaluation data: data.eval_dataset, else the training data (as `qrun eval`).
   const char* eval_path() const;
@@ -86,10 +95,20 @@ struct StepOutcome {
   bool finite = true;
   int64_t loss_tokens = 0, real = 0, pad = 0;
   std::vector<int64_t> seq_lens, sample_ids;
+  bool stop = false;  // some rank asked to stop after this step
 };
+// `micro`: the whole global batch of the step (every rank's micro-batches, the same on every
+// rank); this rank runs its share (rank_share) and the outcome is global: the loss over every
+// micro-batch, the norm of the summed gradients, the counts of the whole batch. `stop_requested`
+// (this rank got SIGINT/SIGTERM) is agreed on by all ranks: StepOutcome::stop.
 StepOutcome train_step(Session& s, AdamW& opt,
                        const std::vector<std::pair<std::string, at::Tensor>>& trainable,
-                       const std::vector<Batch>& micro, double clip, double lr);
+                       const std::vector<Batch>& micro, double clip, double lr, bool stop_requested = false);
+
+// The indices of `micro` that `rank` of `world` runs: the largest batches (by real tokens) first,
+// each to the rank with the fewest tokens so far among those with fewer than their equal share of
+// batches. The same on every rank.
+std::vector<size_t> rank_share(const std::vector<Batch>& micro, int rank, int world);
 
 // The hints of a CUDA out-of-memory error, naming the recipe's own settings where it has them.
 std::string oom_hints(const Recipe& r);

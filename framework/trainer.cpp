@@ -127,6 +127,7 @@ struct MetricSinks {
   std::unique_ptr<TensorBoardWriter> tensorboard;
 
   void write(const MetricLine& line, const std::string& tb_prefix) {
+    if (!jsonl.is_open()) return;  // a rank other than 0
     jsonl << line.json();
     jsonl.flush();
     QRUN_CHECK(jsonl.good(), "cannot write {} (disk full?)", jsonl_path.string());
@@ -182,6 +183,11 @@ std::string state_json(const TrainState& s) {
 
 CheckpointRef save_checkpoint(Session& run, AdamW& opt, const TrainState& st, const fs::path& root,
                               int64_t keep) {
+  // Replicated parameters and optimizer state: rank 0 writes, the other ranks wait for it.
+  if (!run.is_rank0()) {
+    run.comm->barrier();
+    return CheckpointRef{root / fmt::format("step-{:08d}", st.step), st.step};
+  }
   auto t0 = std::chrono::steady_clock::now();
   fs::path dir = write_checkpoint(root, st.step, [&](const fs::path& tmp) {
     fs::create_directories(tmp / "model");
@@ -200,6 +206,7 @@ CheckpointRef save_checkpoint(Session& run, AdamW& opt, const TrainState& st, co
   });
   prune_checkpoints(root, keep);
   log_info("checkpoint: step {} saved to {} in {:.1f}s", st.step, dir.string(), seconds_since(t0));
+  if (run.comm) run.comm->barrier();
   return CheckpointRef{dir, st.step};
 }
 
@@ -280,8 +287,10 @@ int64_t steps_per_epoch(Session& run, int64_t grad_accum) {
 
 int train(const Recipe& r, const Registry& reg, bool resume) {
   Session run(r, reg);
+  const bool rank0 = run.is_rank0();
+  const int world = run.env.world_size;
   // The resolved recipe again, now with the backend of each operation (known once built).
-  write_file_atomically(run.run_dir / "recipe.resolved.yaml", r.resolved_yaml(run.op_table.providers()));
+  if (rank0) write_file_atomically(run.run_dir / "recipe.resolved.yaml", r.resolved_yaml(run.op_table.providers()));
   const Config& train = r.section("train");
   const Config& sched = r.section("schedule");
   const Config& ckc = r.section("checkpoint");
@@ -328,18 +337,21 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
 
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
+  // Rank 0 alone writes metrics and TensorBoard and prints the progress line.
   MetricSinks sinks;
   sinks.jsonl_path = run.run_dir / "metrics.jsonl";
-  sinks.jsonl.open(sinks.jsonl_path, std::ios::app);
-  QRUN_CHECK(sinks.jsonl.good(), "cannot write {}", sinks.jsonl_path.string());
-  if (train.get_bool("tensorboard")) {
+  if (rank0) {
+    sinks.jsonl.open(sinks.jsonl_path, std::ios::app);
+    QRUN_CHECK(sinks.jsonl.good(), "cannot write {}", sinks.jsonl_path.string());
+  }
+  if (rank0 && train.get_bool("tensorboard")) {
     sinks.tensorboard = std::make_unique<TensorBoardWriter>(run.run_dir);
     log_info("tensorboard: events in {} (tensorboard --logdir {})", sinks.tensorboard->path().string(),
              run.run_dir.string());
   }
   const DeviceInfo dev = device_info(run.device, train);
   const double peak = dev.peak_flops;
-  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  const bool tty = rank0 && ::isatty(STDERR_FILENO) != 0;
   for (auto& p : run.profilers) p->on_run_start(run.run_dir.string());
 
   auto evaluate_now = [&]() {
@@ -401,7 +413,7 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
                                   sched.get_float("min_lr_ratio"));
     StepOutcome so;
     try {
-      so = train_step(run, opt, trainable, micro, clip, lr);
+      so = train_step(run, opt, trainable, micro, clip, lr, g_stop_signal.load() != 0);
     } catch (const c10::OutOfMemoryError& e) {
       int64_t real = 0, pad = 0, seqs = 0, longest = 0;
       for (const auto& b : micro) {
@@ -447,7 +459,7 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
     double dt = seconds_since(t0);
     double tps = real / std::max(dt, 1e-9);
     double flops = run.model->train_flops_per_token(seq_lens);
-    double mfu = std::isfinite(peak) ? tps * flops / peak : std::nan("");
+    double mfu = std::isfinite(peak) ? tps * flops / (peak * world) : std::nan("");  // global tokens, all GPUs
     StepRecord rec{st.step, dt, real, pad, loss_tokens, loss};
     for (auto& p : run.profilers) p->on_step_end(rec);
     MetricLine line(st.step);
@@ -484,7 +496,7 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
       evaluate_now();
       last_eval_step = st.step;
     }
-    if (g_stop_signal.load() != 0) {
+    if (so.stop) {  // a signal on any rank: every rank stops after this same step
       if (tty) std::fprintf(stderr, "\n");
       log_info("signal {} received: saving a checkpoint, then stopping", g_stop_signal.load());
       stopped = true;

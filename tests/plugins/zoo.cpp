@@ -7,6 +7,7 @@
 //   collator    zoo-collator  greedy packing under a token budget (every schema field type)
 //   profiler    zoo-profiler  logs step-time percentiles at the end of a run (float lists)
 //   model       zoo-bigram    embedding -> tanh -> vocabulary head over bytes; trains in seconds
+//   transport   test-store    CPU collectives over c10d's TCPStore (store_transport.cpp)
 //   ops         zoo-scaled-ops  only SwiGLU (the other operations stay the reference's), its
 //                             output scaled by `swiglu_scale` (1 = the exact formula): a backend
 //                             that changes the numbers on purpose, for `qrun compare`
@@ -20,6 +21,10 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+
+namespace zoo {
+void register_store_transport(qrun::Registrar& r);  // store_transport.cpp
+}
 
 namespace {
 
@@ -312,6 +317,7 @@ class ZooScaledOps final : public qrun::Ops {
 };
 
 void register_zoo(qrun::Registrar& r) {
+  zoo::register_store_transport(r);
   r.add<qrun::Model>("zoo-bigram", "a tiny byte-level model for trainer tests",
                      qrun::Schema{qrun::Field::integer("hidden", 16).min(1).max(4096).doc("embedding width"),
                                   qrun::Field::integer("oom_at_forward", 0).min(0).doc(

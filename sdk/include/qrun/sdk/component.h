@@ -20,8 +20,8 @@ namespace qrun {
 // The kinds the host knows, in the order `qrun plugins list` prints them.
 inline const std::vector<std::string>& component_kinds() {
   static const std::vector<std::string> kinds = {
-      "model",    "attention", "linear_attention", "conv1d",   "ops",     "tokenizer",
-      "chat_format", "dataset", "collator",        "sharding", "profiler"};
+      "model",    "attention", "linear_attention", "conv1d",   "ops",       "tokenizer",
+      "chat_format", "dataset", "collator",        "sharding", "transport", "profiler"};
   return kinds;
 }
 

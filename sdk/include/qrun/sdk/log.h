@@ -46,5 +46,9 @@ template <typename... Args>
 void log_debug(fmt::format_string<Args...> f, Args&&... args) {
   log(LogLevel::Debug, f, std::forward<Args>(args)...);
 }
+template <typename... Args>
+void log_error(fmt::format_string<Args...> f, Args&&... args) {
+  log(LogLevel::Error, f, std::forward<Args>(args)...);
+}
 
 }  // namespace qrun

@@ -25,7 +25,8 @@
 // 2: Profiler::step_metrics() (run.h).
 // 3: ops as named operations in an OpTable (ops.h); KernelBackend::unsupported() and
 //    Model::kernel_uses() (kernels.h, model.h); Collator::layout() (data.h).
-#define QRUN_ABI_VERSION 3
+// 4: the transport kind and the Sharding interface (run.h).
+#define QRUN_ABI_VERSION 4
 #define QRUN_ENTRY_SYMBOL "qrun_plugin_descriptor"
 
 // The build id lives in one generated source per plugin (qrun_add_plugin() writes it), so a new
