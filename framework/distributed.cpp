@@ -54,8 +54,10 @@ int slurm_local_world(const std::map<std::string, std::string>& v, int world) {
 volatile sig_atomic_t g_forward_signal = 0;
 extern "C" void on_launcher_signal(int sig) { g_forward_signal = sig; }
 
+}  // namespace
+
 // A TCP port nobody listens on now (the kernel picks it).
-int free_port() {
+int free_tcp_port() {
   const int s = ::socket(AF_INET, SOCK_STREAM, 0);
   QRUN_CHECK(s >= 0, "launcher: cannot open a socket to pick a free port: {}", std::strerror(errno));
   sockaddr_in a{};
@@ -69,6 +71,8 @@ int free_port() {
   QRUN_CHECK(ok, "launcher: cannot pick a free port: {}", std::strerror(errno));
   return ntohs(a.sin_port);
 }
+
+namespace {
 
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return fmt::format("exit code {}", WEXITSTATUS(status));
@@ -160,7 +164,7 @@ int launch_local(int nproc, const std::vector<std::string>& args, double grace_s
              "qrun --nproc-per-node: RANK/WORLD_SIZE are already set (this process was launched by torchrun or "
              "another launcher); run `qrun <recipe>` under that launcher, or unset them");
   const std::string addr = env.count("MASTER_ADDR") ? env.at("MASTER_ADDR") : "127.0.0.1";
-  const int port = env.count("MASTER_PORT") ? to_int("MASTER_PORT", env.at("MASTER_PORT"), 1, 65535) : free_port();
+  const int port = env.count("MASTER_PORT") ? to_int("MASTER_PORT", env.at("MASTER_PORT"), 1, 65535) : free_tcp_port();
   char self[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   QRUN_CHECK(n > 0, "launcher: cannot find this binary (/proc/self/exe): {}", std::strerror(errno));

@@ -23,6 +23,9 @@ namespace qrun {
 DistributedEnv read_launch_env(const std::map<std::string, std::string>& vars);
 std::map<std::string, std::string> environ_map();
 
+// A TCP port nobody listens on now (the kernel picks it).
+int free_tcp_port();
+
 // The first host of a SLURM node list: "gpu[03-05,07],cpu1" -> "gpu03".
 std::string first_slurm_host(const std::string& nodelist);
 

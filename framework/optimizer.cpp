@@ -81,16 +81,23 @@ void AdamW::save(torch::serialize::OutputArchive& ar) const {
 }
 
 void AdamW::load(torch::serialize::InputArchive& ar) {
+  load([&ar](const std::string& key, at::IntArrayRef) {
+    at::Tensor t;
+    return ar.try_read(key, t) ? t : at::Tensor();
+  });
+}
+
+void AdamW::load(const std::function<at::Tensor(const std::string&, at::IntArrayRef)>& source) {
   at::NoGradGuard no_grad;
   auto read = [&](const std::string& key, at::Tensor& into) {
-    at::Tensor t;
-    QRUN_CHECK(ar.try_read(key, t), "optimizer state has no entry '{}' (checkpoint of another model?)", key);
+    at::Tensor t = source(key, into.sizes());
+    QRUN_CHECK(t.defined(), "optimizer state has no entry '{}' (checkpoint of another model?)", key);
     QRUN_CHECK(t.sizes() == into.sizes(), "optimizer state '{}' has shape {}, expected {}", key,
                fmt::format("{}", fmt::join(t.sizes(), "x")), fmt::format("{}", fmt::join(into.sizes(), "x")));
     into.copy_(t);
   };
-  at::Tensor steps;
-  QRUN_CHECK(ar.try_read("adamw.steps", steps), "checkpoint has no optimizer state");
+  at::Tensor steps = source("adamw.steps", at::IntArrayRef{1});
+  QRUN_CHECK(steps.defined(), "checkpoint has no optimizer state");
   steps_ = steps.item<int64_t>();
   for (auto& s : slots_) {
     read("adamw.exp_avg." + s.name, s.exp_avg);

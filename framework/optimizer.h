@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +42,9 @@ class AdamW {
   void save(torch::serialize::OutputArchive& ar) const;
   // Throws UserError when the archive does not match these parameters.
   void load(torch::serialize::InputArchive& ar);
+  // The same from any source: `read(key, shape)` returns the tensor saved under `key` (the names
+  // save() writes), or an undefined tensor when there is none.
+  void load(const std::function<at::Tensor(const std::string& key, at::IntArrayRef shape)>& read);
 
  private:
   struct Slot {

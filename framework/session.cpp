@@ -169,10 +169,18 @@ Session::Session(const Recipe& r, const Registry& reg) : recipe(r), registry(reg
       device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
       at::accelerator::setDeviceIndex(static_cast<c10::DeviceIndex>(env.local_rank));
     }
+  }
+  // The ranks' collectives: for several ranks, and for a sharding that talks through them even
+  // alone (fsdp2 gathers its shards: at world size 1 that is one rank's own).
+  const ComponentSpec* sh = r.component("sharding");
+  if (env.distributed() || (sh != nullptr && sh->name == "fsdp2")) {
+    if (!env.distributed()) {
+      env.master_addr = "127.0.0.1";
+      env.master_port = free_tcp_port();
+    }
     transport = pick_transport(reg, device.type());
     comm = transport->connect(env, device, r.section("run").get_float("dist_timeout_s"));
-    log_info("ranks: {} of {} ({}), {} on {}", env.rank, env.world_size, env.source,
-             r.component("sharding")->name, device.str());
+    log_info("ranks: {} of {} ({}), {} on {}", env.rank, env.world_size, env.source, sh->name, device.str());
   }
   QRUN_CHECK(r.component("model") != nullptr, "{}: a training run needs a model: section", r.file);
   QRUN_CHECK(r.component("data.dataset") != nullptr, "{}: a training run needs data.dataset", r.file);
@@ -314,10 +322,8 @@ StepOutcome train_step(Session& s, AdamW& opt,
       if (p.tensor.grad().defined())
         groups[{static_cast<int>(p.tensor.grad().scalar_type()), 0}].push_back(p.tensor.grad());
     gsq = at::zeros({}, loss_sum.options());
-    for (auto& [key, gs] : groups) {
-      const auto acc = gs.front().scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-      gsq = gsq + at::stack(at::_foreach_norm(gs, 2, acc)).to(loss_sum.device()).to(at::kDouble).pow(2).sum();
-    }
+    for (auto& [key, gs] : groups)
+      gsq = gsq + at::stack(at::_foreach_norm(gs, 2, at::kDouble)).to(loss_sum.device()).pow(2).sum();
   }
   at::Tensor stats = at::stack({loss_sum, gsq, at::full({}, stop_requested ? 1.0 : 0.0, loss_sum.options())});
   if (s.comm) s.comm->all_reduce_sum(stats)->wait();

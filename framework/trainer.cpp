@@ -35,7 +35,9 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <fstream>
+#include <map>
 
 namespace fs = std::filesystem;
 
@@ -181,8 +183,72 @@ std::string state_json(const TrainState& s) {
       s.step, s.epoch, s.tokens_seen, json_escape(s.cursor), json_escape(s.collator_state));
 }
 
+bool sharded_state(const Session& run) {
+  for (const auto& p : run.optimized)
+    if (p.full_numel > 0) return true;
+  return false;
+}
+
+// Note [Sharded checkpoints]: with a sharding that splits parameters (fsdp2) each rank writes its
+// own shards and their optimizer state to <root>/.shards-step-N/rank-R-of-W.pt (temp file, fsync,
+// rename); after a barrier, rank 0 publishes the checkpoint atomically with the shard files moved
+// into its shards/ folder, the consolidated Hugging Face model/ (gathered one unit at a time
+// before) and state.json last. A rank that dies while writing never reaches the barrier: nothing
+// is published and the previous checkpoint stays the newest. load_checkpoint() reads the shards
+// back on any number of ranks (Note [Resharding]).
+CheckpointRef save_sharded_checkpoint(Session& run, AdamW& opt, const TrainState& st, const fs::path& root,
+                                      int64_t keep) {
+  auto t0 = std::chrono::steady_clock::now();
+  const int rank = run.env.rank, world = run.comm->world_size();
+  std::map<std::string, at::Tensor> full;  // rank 0: every parameter's value, on the CPU
+  run.sharding->for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
+    if (t.defined()) full[name] = t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  });
+  const fs::path staging = root / fmt::format(".shards-step-{:08d}", st.step);
+  const std::string file = fmt::format("rank-{}-of-{}.pt", rank, world);
+  std::error_code ec;
+  fs::create_directories(staging, ec);
+  QRUN_CHECK(!ec, "cannot create {}: {}", staging.string(), ec.message());
+  {
+    torch::serialize::OutputArchive ar;
+    for (const auto& p : run.optimized) {
+      ar.write("shard." + p.name, p.tensor.detach().cpu());
+      ar.write("layout." + p.name, at::tensor({p.full_numel, p.tensor.numel(), static_cast<int64_t>(world),
+                                               static_cast<int64_t>(rank)}, at::kLong));
+    }
+    opt.save(ar);
+    ar.write("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
+    CheckedFile out(staging / (file + ".tmp"));
+    ar.save_to([&out](const void* data, size_t n) { return out.sink_write(data, n); });
+    out.close();
+    fs::rename(staging / (file + ".tmp"), staging / file);
+  }
+  run.comm->barrier();  // every rank's shard is complete
+  fs::path dir;
+  if (rank == 0) {
+    dir = write_checkpoint(root, st.step, [&](const fs::path& tmp) {
+      fs::create_directories(tmp / "model");
+      run.model->save((tmp / "model").string(), full);
+      fs::create_directories(tmp / "shards");
+      for (int r = 0; r < world; ++r) {
+        const std::string f = fmt::format("rank-{}-of-{}.pt", r, world);
+        fs::rename(staging / f, tmp / "shards" / f);
+      }
+      write_file_checked(tmp / "recipe.resolved.yaml", run.recipe.resolved_yaml(run.op_table.providers()));
+      write_file_checked(tmp / "state.json", state_json(st));  // last: marks the files complete
+    });
+    fs::remove_all(staging, ec);
+    prune_checkpoints(root, keep);
+    log_info("checkpoint: step {} saved to {} ({} shards) in {:.1f}s", st.step, dir.string(), world,
+             seconds_since(t0));
+  }
+  run.comm->barrier();  // published
+  return CheckpointRef{root / fmt::format("step-{:08d}", st.step), st.step};
+}
+
 CheckpointRef save_checkpoint(Session& run, AdamW& opt, const TrainState& st, const fs::path& root,
                               int64_t keep) {
+  if (sharded_state(run)) return save_sharded_checkpoint(run, opt, st, root, keep);
   // Replicated parameters and optimizer state: rank 0 writes, the other ranks wait for it.
   if (!run.is_rank0()) {
     run.comm->barrier();
@@ -239,6 +305,75 @@ std::string json_field(const std::string& text, const std::string& key) {
   return text.substr(a, b - a);
 }
 
+// Note [Resharding]: a flat group of L elements written by W ranks is W pieces of S = ceil(L/W)
+// (rank q holds [q S, (q + 1) S)); read by W' ranks, rank r needs [r S', (r + 1) S') of the same
+// group, assembled from the pieces it overlaps (zeros past L). The same for every tensor of the
+// group's shard: its values and each optimizer state.
+void load_sharded(Session& run, AdamW& opt, const fs::path& dir) {
+  std::map<int, fs::path> files;  // old rank -> file
+  int old_world = 0;
+  for (const auto& e : fs::directory_iterator(dir / "shards")) {
+    int r = 0, w = 0;
+    if (std::sscanf(e.path().filename().string().c_str(), "rank-%d-of-%d.pt", &r, &w) == 2) {
+      files[r] = e.path();
+      old_world = w;
+    }
+  }
+  QRUN_CHECK(old_world > 0 && static_cast<int>(files.size()) == old_world,
+             "checkpoint {}: {} of {} rank shards present", dir.string(), files.size(), old_world);
+  const int rank = run.env.rank, world = run.comm ? run.comm->world_size() : 1;
+  std::vector<torch::serialize::InputArchive> old(files.size());
+  for (auto& [r, f] : files) old[r].load_from(f.string());
+  std::map<std::string, int64_t> full_numel;  // slot -> L
+  for (const auto& p : run.optimized) {
+    at::Tensor lay;
+    QRUN_CHECK(old[0].try_read("layout." + p.name, lay),
+               "checkpoint {} has no shard '{}' (written by another sharding or model?)", dir.string(), p.name);
+    QRUN_CHECK(lay[0].item<int64_t>() == p.full_numel,
+               "checkpoint {}: shard '{}' covers {} elements, this model's {}", dir.string(), p.name,
+               lay[0].item<int64_t>(), p.full_numel);
+    full_numel[p.name] = p.full_numel;
+  }
+  // The piece [r S', (r+1) S') of the flat tensor that `key` names in every old file.
+  auto reshard = [&](const std::string& key, int64_t L, int64_t S_new, c10::ScalarType dt) {
+    at::Tensor out = at::zeros({S_new}, at::TensorOptions().dtype(dt));
+    const int64_t lo = rank * S_new, hi = std::min((rank + 1) * S_new, L);
+    for (int q = 0; q < old_world; ++q) {
+      at::Tensor piece;
+      if (!old[q].try_read(key, piece)) return at::Tensor();
+      const int64_t S_old = piece.numel(), plo = q * S_old, phi = std::min((q + 1) * S_old, L);
+      const int64_t a = std::max(lo, plo), b = std::min(hi, phi);
+      if (a < b) out.narrow(0, a - lo, b - a).copy_(piece.reshape({-1}).narrow(0, a - plo, b - a));
+    }
+    return out;
+  };
+  at::NoGradGuard no_grad;
+  for (const auto& p : run.optimized) {
+    at::Tensor v = old_world == world ? at::Tensor() : reshard("shard." + p.name, p.full_numel, p.tensor.numel(),
+                                                                p.tensor.scalar_type());
+    if (!v.defined()) QRUN_CHECK(old[rank].try_read("shard." + p.name, v), "checkpoint: no shard {}", p.name);
+    p.tensor.detach().copy_(v);
+  }
+  opt.load([&](const std::string& key, at::IntArrayRef shape) {
+    at::Tensor t;
+    if (old_world == world) return old[rank].try_read(key, t) ? t : at::Tensor();
+    // A per-slot state: resharded when it is a flat [S] tensor, else (a step count) as written.
+    for (const auto& [slot, L] : full_numel)
+      if (key.size() > slot.size() && key.compare(key.size() - slot.size(), slot.size(), slot) == 0 &&
+          shape.size() == 1 && key.rfind("adamw.step.", 0) != 0) {
+        at::Tensor any;
+        if (!old[0].try_read(key, any)) return at::Tensor();
+        return reshard(key, L, shape[0], any.scalar_type());
+      }
+    return old[0].try_read(key, t) ? t : at::Tensor();
+  });
+  at::Tensor rng;
+  if (old[std::min(rank, old_world - 1)].try_read("rng.cpu", rng)) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(rng);
+  }
+}
+
 TrainState load_checkpoint(Session& run, AdamW& opt, const CheckpointRef& ck) {
   std::ifstream in(ck.dir / "state.json");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -249,6 +384,16 @@ TrainState load_checkpoint(Session& run, AdamW& opt, const CheckpointRef& ck) {
     st.tokens_seen = std::stod(json_field(text, "tokens_seen"));
     st.cursor = json_field(text, "cursor");
     st.collator_state = json_field(text, "collator_state");
+    if (sharded_state(run)) {
+      QRUN_CHECK(fs::exists(ck.dir / "shards"),
+                 "checkpoint {} holds whole parameters (a none or ddp run); this run shards them (fsdp2): "
+                 "resume it with the sharding that wrote it", ck.dir.string());
+      load_sharded(run, opt, ck.dir);
+      return st;
+    }
+    QRUN_CHECK(!fs::exists(ck.dir / "shards"),
+               "checkpoint {} holds sharded parameters (an fsdp2 run); resume it with sharding: fsdp2 (on any "
+               "number of ranks)", ck.dir.string());
     torch::serialize::InputArchive ar;
     ar.load_from((ck.dir / "trainer.pt").string());
     at::NoGradGuard no_grad;
@@ -385,7 +530,7 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
   int64_t last_eval_step = -1;
   double last_loss = std::nan("");
   bool stopped = false;
-  int64_t empty_batches = 0;
+  int64_t empty_batches = 0, dropped_micro = 0;
 
   while (st.step < total_steps) {
     // 1. micro-batches of this step
@@ -404,6 +549,14 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
       if (++st.epoch >= epochs) break;
       stream = run.dataset->open(run.data_context(), st.epoch, "");
       run.collator->restore("{}");
+    }
+    // Several ranks run equal shares: an epoch's last, short global batch keeps a multiple of the
+    // world size (sdk run.h, Note [Ranks and global batches]).
+    if (world > 1 && micro.size() % static_cast<size_t>(world) != 0) {
+      const size_t keep_n = micro.size() / static_cast<size_t>(world) * static_cast<size_t>(world);
+      dropped_micro += static_cast<int64_t>(micro.size() - keep_n);
+      micro.resize(keep_n);
+      if (micro.empty()) continue;
     }
     if (micro.empty()) break;
     auto t0 = std::chrono::steady_clock::now();
@@ -510,6 +663,8 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
   for (auto& p : run.profilers) p->on_run_end();
   if (empty_batches > 0)
     log_info("{} batches had no loss tokens (nothing to train on) and were skipped", empty_batches);
+  if (dropped_micro > 0)
+    log_info("{} micro-batches at epoch ends were left out to keep the {} ranks' shares equal", dropped_micro, world);
   double secs = seconds_since(t_start);
   log_info("{}: {} steps in {}, {:.0f} tokens, {:.0f} tokens/s, last loss {:.4f}; metrics in {}",
            stopped ? "stopped" : "done", st.step - start_step, human_duration(secs),

@@ -432,6 +432,25 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Unit boundaries (sdk model.h, Note [Parameter units]): an identity on a unit's output whose
+// backward tells the sharding that unit u's backward is about to run.
+
+struct UnitExitFn : public torch::autograd::Function<UnitExitFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t unit,
+                            int64_t hooks) {
+    ctx->saved_data["unit"] = unit;
+    ctx->saved_data["hooks"] = hooks;
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto* hooks = reinterpret_cast<UnitHooks*>(static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()));
+    hooks->before_backward(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
+    return {grad[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
 // The model
 
 enum class Init { Normal, Zeros, Ones, ALog, Conv };
@@ -555,8 +574,15 @@ class QwenModel final : public Model {
       QRUN_CHECK(seq.attention_mask.defined(), "qwen: a padded batch needs seq.attention_mask");
       ctx.pad_mask = seq.attention_mask.to(cdt).unsqueeze(-1);
     }
+    // Note [Parameter units] (sdk model.h): unit 0 the embedding (and the head when tied), unit
+    // 1 + i layer i, the last unit the head; the hooks are no-ops without a sharding that needs them.
+    const size_t head_unit = c_.tied ? 0 : layers_.size() + 1;
+    before_forward(0);
     at::Tensor x = at::embedding(w(embed_), batch.input_ids);
+    if (!c_.tied) after_forward(0);
+    x = unit_exit(x, 0);
     for (size_t i = 0; i < layers_.size(); ++i) {
+      before_forward(1 + i);
       if (ac_ && at::GradMode::is_enabled()) {
         auto closure = c10::make_intrusive<LayerClosure>();
         closure->fn = [this, i, ctx](const at::Tensor& h) { return layer_forward(i, h, ctx); };
@@ -567,7 +593,10 @@ class QwenModel final : public Model {
       } else {
         x = layer_forward(i, x, ctx);
       }
+      after_forward(1 + i);
+      x = unit_exit(x, 1 + i);
     }
+    if (head_unit != 0) before_forward(head_unit);
     x = rms_norm_(x, norm_, c_.eps, c_.zero_centred());
     at::Tensor W = w(c_.tied ? embed_ : lm_head_);
     at::Tensor targets = shifted_targets(batch);
@@ -576,8 +605,28 @@ class QwenModel final : public Model {
     // The collator's exact host count (batch.h): no device->host read inside the step.
     out.loss_tokens = batch.loss_tokens;
     if (return_logits) out.logits = at::linear(x, W).to(acc());  // fp32 (fp64 in the fp64 mode)
+    after_forward(head_unit);
+    out.loss_sum = unit_exit(out.loss_sum, head_unit);
     return out;
   }
+
+  std::vector<ParamUnit> units() const override {
+    std::vector<ParamUnit> u;
+    ParamUnit embed{"embed", {"model.embed_tokens.weight"}};
+    if (c_.tied) embed.params.push_back("model.norm.weight");  // the head shares the embedding's unit
+    u.push_back(embed);
+    for (int64_t i = 0; i < c_.layers; ++i) {
+      ParamUnit l{fmt::format("layers.{}", i), {}};
+      const std::string prefix = fmt::format("model.layers.{}.", i);
+      for (const auto& [n, p] : params_)
+        if (n.rfind(prefix, 0) == 0) l.params.push_back(n);
+      u.push_back(l);
+    }
+    if (!c_.tied) u.push_back({"head", {"model.norm.weight", "lm_head.weight"}});
+    return u;
+  }
+
+  void set_unit_hooks(UnitHooks* hooks) override { hooks_ = hooks; }
 
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() override { return params_; }
 
@@ -586,7 +635,7 @@ class QwenModel final : public Model {
   // layer_types and dtype updated), its key prefix (`model.language_model.` for the image-text
   // checkpoints), and its mtp.* / visual.* tensors copied byte for byte from the mmap'd source.
   // Preset-built models are written as the text-only causal LM of their family.
-  void save(const std::string& dir) override {
+  void save(const std::string& dir, const std::map<std::string, at::Tensor>& values) override {
     QRUN_ASSERT(built_, "qwen model saved before build()");
     std::error_code ec;
     QRUN_CHECK(dir_.empty() || !fs::equivalent(dir, dir_, ec),
@@ -630,7 +679,9 @@ class QwenModel final : public Model {
     };
     std::vector<Out> outs;
     for (const auto& [name, p] : params_) {
-      at::Tensor t = p.detach().to(at::kCPU);
+      auto given = values.find(name);
+      QRUN_ASSERT(values.empty() || given != values.end(), "qwen save: no value given for {}", name);
+      at::Tensor t = (values.empty() ? p.detach() : given->second).to(at::kCPU);
       const bool gate_up = name.ends_with(".mlp.experts.gate_up_proj");
       if (gate_up || name.ends_with(".mlp.experts.down_proj")) {
         const std::string base = ckpt_name(name.substr(0, name.rfind('.') + 1));
@@ -1081,6 +1132,17 @@ class QwenModel final : public Model {
     }
   }
 
+  void before_forward(size_t u) const {
+    if (hooks_) hooks_->before_forward(u);
+  }
+  void after_forward(size_t u) const {
+    if (hooks_) hooks_->after_forward(u);
+  }
+  at::Tensor unit_exit(const at::Tensor& x, size_t u) const {
+    if (!hooks_ || !at::GradMode::is_enabled() || !x.requires_grad()) return x;
+    return UnitExitFn::apply(x, static_cast<int64_t>(u), static_cast<int64_t>(reinterpret_cast<intptr_t>(hooks_)));
+  }
+
   // Accumulation dtype of softmaxes and RoPE angles: fp32, or fp64 when computing in fp64.
   c10::ScalarType acc() const { return place_.compute_dtype == at::kDouble ? at::kDouble : at::kFloat; }
 
@@ -1232,6 +1294,7 @@ class QwenModel final : public Model {
   int64_t shard_bytes_ = 0;
   bool built_ = false;
   ModelKernels k_;
+  UnitHooks* hooks_ = nullptr;  // sdk model.h, Note [Parameter units]
   op::RmsNorm::Fn rms_norm_;
   op::AddRmsNorm::Fn add_rms_norm_;
   op::GatedRmsNorm::Fn gated_rms_norm_;

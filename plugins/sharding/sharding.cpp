@@ -5,6 +5,9 @@
 //          (bucket_mb) by all-reduce, each bucket launched as soon as the backward of the step's
 //          last micro-batch has accumulated all of its gradients, so the reduction overlaps the
 //          rest of the backward (Note [DDP buckets]).
+//   fsdp2  each of the model's parameter units (sdk model.h, Note [Parameter units]) sharded flat
+//          across ranks; gathered before use, freed after, gradients reduce-scattered as each
+//          unit's backward ends (Note [FSDP units]).
 //
 // The host normalises the loss by the loss tokens of the whole global batch (sdk run.h, Note
 // [Ranks and global batches]), so the sum over ranks is the gradient one process computes.
@@ -15,20 +18,20 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <c10/core/StorageImpl.h>
+
 #include <map>
 
 namespace qrun {
 namespace {
 
 at::Tensor square_sum(const std::vector<at::Tensor>& grads, const at::Device& dev) {
-  // One multi-tensor norm per dtype group, squared and summed in fp32 (fp64 for fp64).
+  // One multi-tensor norm per dtype group, accumulated in fp64 (a sum of millions of fp32
+  // squares loses ~1e-5 of itself in fp32; the norm then depends on how the tensors are grouped).
   std::map<int, std::vector<at::Tensor>> by;
   for (const auto& g : grads) by[static_cast<int>(g.scalar_type())].push_back(g);
   at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(dev));
-  for (auto& [dt, gs] : by) {
-    const auto acc = static_cast<c10::ScalarType>(dt) == at::kDouble ? at::kDouble : at::kFloat;
-    total = total + at::stack(at::_foreach_norm(gs, 2, acc)).to(at::kDouble).pow(2).sum();
-  }
+  for (auto& [dt, gs] : by) total = total + at::stack(at::_foreach_norm(gs, 2, at::kDouble)).pow(2).sum();
   return total;
 }
 
@@ -210,6 +213,269 @@ class DdpSharding final : public Sharding {
   bool reducing_ = false, fresh_step_ = true;
 };
 
+// Note [FSDP units]
+// Each unit's parameters, grouped by dtype (a bf16 layer holds fp32 A_log and gated-norm weights),
+// live in one flat buffer per group, padded to a multiple of the world size W and split into W
+// equal shards; rank r keeps shard r as a leaf tensor (what its optimizer updates, with its own
+// .grad). The model's parameters become views of the flat buffer: when the unit is not in use its
+// buffer's storage is emptied (resized to 0 bytes, the tensors keep their shapes), and it is
+// refilled by an all-gather of the shards before use. Saved activations that view a parameter
+// (a linear's weight) keep pointing at the same storage, so the backward sees the refilled values.
+//   forward:  before_forward(u) gathers u (waiting for its prefetch) and starts gathering u + 1;
+//             the units used before are freed then (reshard_after_forward), so the last unit of
+//             the forward, whose backward comes first, is never freed in between.
+//   backward: before_backward(u) gathers u again and starts u - 1, and points each parameter's
+//             .grad at a zeroed flat gradient buffer; when every parameter of a group has
+//             accumulated (post-accumulate-grad hooks), the group's gradients are reduce-scattered
+//             in reduce_dtype into the shard's .grad and the unit's buffers are freed.
+// Every micro-batch reduce-scatters, so all ranks must run the same number of micro-batches per
+// step (the host splits global batches evenly) and the units in the same order.
+class Fsdp2Sharding final : public Sharding, public UnitHooks {
+ public:
+  explicit Fsdp2Sharding(const Config& c)
+      : reshard_(c.get_bool("reshard_after_forward")),
+        reduce_fp32_(c.get_string("reduce_dtype") == "fp32") {}
+
+  std::vector<ShardedParam> wrap(Model& model, Communicator* comm) override {
+    QRUN_CHECK(comm != nullptr, "fsdp2 needs the ranks' communicator (the host connects one for fsdp2, even for one rank)");
+    comm_ = comm;
+    W_ = comm->world_size();
+    R_ = comm->rank();
+    const std::vector<ParamUnit> spec = model.units();
+    QRUN_CHECK(!spec.empty(), "fsdp2: the model '{}' does not group its parameters into units; use ddp",
+               model.summary().family);
+    std::map<std::string, at::Tensor> by_name;
+    for (auto& [n, p] : model.named_parameters()) by_name[n] = p;
+    std::map<std::string, int> owner;
+    at::NoGradGuard ng;
+    for (size_t u = 0; u < spec.size(); ++u) {
+      Unit unit;
+      unit.name = spec[u].name;
+      std::map<int, size_t> group_of;  // dtype -> group
+      for (const auto& name : spec[u].params) {
+        auto it = by_name.find(name);
+        QRUN_CHECK(it != by_name.end(), "fsdp2: unit {} names parameter {}, which the model does not have", unit.name, name);
+        QRUN_CHECK(owner.emplace(name, static_cast<int>(u)).second, "fsdp2: parameter {} is in two units", name);
+        if (!it->second.requires_grad()) continue;
+        const int dt = static_cast<int>(it->second.scalar_type());
+        if (!group_of.count(dt)) {
+          group_of[dt] = unit.groups.size();
+          unit.groups.push_back({});
+        }
+        Group& g = unit.groups[group_of[dt]];
+        g.params.push_back({name, it->second, g.numel});
+        g.numel += it->second.numel();
+      }
+      units_.push_back(std::move(unit));
+    }
+    for (const auto& [n, p] : by_name)
+      QRUN_CHECK(!p.requires_grad() || owner.count(n), "fsdp2: trainable parameter {} is in no unit of the model", n);
+    std::vector<ShardedParam> out;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      for (size_t gi = 0; gi < units_[u].groups.size(); ++gi) {
+        Group& g = units_[u].groups[gi];
+        const at::Tensor& first = g.params.front().tensor;
+        g.shard_numel = (g.numel + W_ - 1) / W_;
+        g.full = at::zeros({g.shard_numel * W_}, first.options().requires_grad(false));
+        for (auto& p : g.params) g.full.narrow(0, p.offset, p.tensor.numel()).copy_(p.tensor.detach().reshape({-1}));
+        // Rank 0's values everywhere (the ranks built the same model, but a checkpoint read on one
+        // machine and not another must not split the run).
+        comm_->broadcast(g.full, 0)->wait();
+        for (auto& p : g.params) p.tensor.set_data(g.full.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.sizes()));
+        g.shard = g.full.narrow(0, R_ * g.shard_numel, g.shard_numel).clone().requires_grad_(true);
+        for (size_t pi = 0; pi < g.params.size(); ++pi)
+          torch::autograd::impl::set_post_acc_grad_hooks(
+              g.params[pi].tensor, std::make_unique<ReadyHook>(this, u, gi));
+        out.push_back({fmt::format("{}/{}/shard", units_[u].name, c10::toString(first.scalar_type())), g.shard, g.numel});
+      }
+      release(u);
+    }
+    model.set_unit_hooks(this);
+    return out;
+  }
+
+  void before_forward(size_t u) override {
+    free_finished_forward(u);
+    gather(u, /*wait=*/true);
+    if (u + 1 < units_.size()) gather(u + 1, /*wait=*/false);
+  }
+  void after_forward(size_t u) override {
+    if (reshard_) done_forward_.push_back(u);
+  }
+  void before_backward(size_t u) override {
+    free_finished_forward(units_.size());
+    gather(u, /*wait=*/true);
+    if (u > 0) gather(u - 1, /*wait=*/false);
+    for (auto& g : units_[u].groups) {
+      if (g.grad_full.defined()) continue;  // already pointed (a unit used twice)
+      g.grad_full = at::zeros({g.shard_numel * W_}, g.full.options());
+      g.ready = 0;
+      for (auto& p : g.params) p.tensor.mutable_grad() = g.grad_full.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.sizes());
+    }
+  }
+  void begin_micro_batch(bool) override {}
+
+  void finish_gradients() override {
+    // Groups whose parameters got no gradient in a backward of this step still take part (their
+    // gradient is zero), in the backward's unit order, so that the ranks' collectives match.
+    for (size_t u = units_.size(); u-- > 0;)
+      for (size_t gi = 0; gi < units_[u].groups.size(); ++gi)
+        if (units_[u].groups[gi].grad_full.defined()) reduce(u, gi);
+    for (auto& unit : units_)
+      for (auto& g : unit.groups) {
+        if (g.reduce_work) g.reduce_work->wait();
+        g.reduce_work.reset();
+        if (g.reduce_out.defined()) {
+          accumulate_shard_grad(g);
+          g.reduce_out = at::Tensor();
+        }
+      }
+    for (size_t u = 0; u < units_.size(); ++u) release(u);
+  }
+
+  at::Tensor grad_square_sum() override {
+    std::vector<at::Tensor> g;
+    for (auto& unit : units_)
+      for (auto& gr : unit.groups)
+        if (gr.shard.grad().defined()) g.push_back(gr.shard.grad());
+    return square_sum(g, comm_device());
+  }
+
+  void after_optimizer_step() override {}
+
+  void for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& fn) override {
+    for (size_t u = 0; u < units_.size(); ++u) {
+      gather(u, true);
+      for (auto& g : units_[u].groups)
+        for (auto& p : g.params) fn(p.name, R_ == 0 ? p.tensor.detach() : at::Tensor());
+      release(u);
+    }
+  }
+
+  Memory memory_per_rank(double numel, int pb, int sb, bool master, int world) const override {
+    Memory m = replicated_memory(numel, pb, sb, master);
+    m.params /= world;
+    m.grads /= world;
+    m.optimizer /= world;
+    return m;
+  }
+
+ private:
+  struct Param {
+    std::string name;
+    at::Tensor tensor;  // the model's parameter: a view of its group's flat buffer
+    int64_t offset;     // in the flat buffer
+  };
+  struct Group {
+    std::vector<Param> params;
+    int64_t numel = 0, shard_numel = 0;
+    at::Tensor full;       // [W * shard_numel]; storage empty while released
+    at::Tensor shard;      // [shard_numel] leaf: this rank's part, what the optimizer updates
+    at::Tensor grad_full;  // during a backward: the parameters' .grad live here
+    at::Tensor reduce_in, reduce_out;
+    std::unique_ptr<CommWork> reduce_work;
+    size_t ready = 0;
+  };
+  struct Unit {
+    std::string name;
+    std::vector<Group> groups;
+    bool gathered = false;
+    std::vector<std::unique_ptr<CommWork>> gather_work;  // a prefetch in flight
+  };
+  struct ReadyHook final : public torch::autograd::PostAccumulateGradHook {
+    ReadyHook(Fsdp2Sharding* s, size_t u, size_t g) : s(s), u(u), g(g) {}
+    void operator()(const torch::autograd::Variable&) override { s->on_ready(u, g); }
+    Fsdp2Sharding* s;
+    size_t u, g;
+  };
+
+  at::Device comm_device() const {
+    return units_.empty() || units_.front().groups.empty() ? at::Device(at::kCPU)
+                                                           : units_.front().groups.front().shard.device();
+  }
+
+  static void empty_storage(const at::Tensor& t) { t.storage().unsafeGetStorageImpl()->reset(); }
+  static void fill_storage(const at::Tensor& t, size_t bytes) {
+    c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+    if (s->nbytes() == bytes) return;
+    s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+    s->set_nbytes(bytes);
+  }
+
+  // Starts (or, with wait, completes) the all-gather of unit u's shards into its flat buffers.
+  void gather(size_t u, bool wait) {
+    Unit& unit = units_[u];
+    if (!unit.gathered) {
+      at::NoGradGuard ng;
+      for (auto& g : unit.groups) {
+        fill_storage(g.full, static_cast<size_t>(g.full.numel() * g.full.element_size()));
+        at::Tensor src = g.shard.detach();
+        unit.gather_work.push_back(comm_->all_gather(g.full, src));
+      }
+      unit.gathered = true;
+    }
+    if (wait) {
+      for (auto& w : unit.gather_work) w->wait();
+      unit.gather_work.clear();
+    }
+  }
+
+  void release(size_t u) {
+    Unit& unit = units_[u];
+    for (auto& w : unit.gather_work) w->wait();
+    unit.gather_work.clear();
+    for (auto& g : unit.groups) empty_storage(g.full);
+    unit.gathered = false;
+  }
+
+  void free_finished_forward(size_t current) {
+    for (size_t d : done_forward_)
+      if (d != current) release(d);
+    done_forward_.clear();
+  }
+
+  void on_ready(size_t u, size_t gi) {
+    Group& g = units_[u].groups[gi];
+    if (!g.grad_full.defined()) return;
+    if (++g.ready == g.params.size()) {
+      reduce(u, gi);
+      bool all = true;
+      for (auto& other : units_[u].groups) all = all && !other.grad_full.defined();
+      if (all) release(u);
+    }
+  }
+
+  // Reduce-scatters group gi of unit u into its shard's gradient (asynchronously) and drops the
+  // full gradient buffer.
+  void reduce(size_t u, size_t gi) {
+    Group& g = units_[u].groups[gi];
+    if (g.reduce_work) {  // a previous micro-batch's reduction: finish it first
+      g.reduce_work->wait();
+      g.reduce_work.reset();
+      accumulate_shard_grad(g);
+    }
+    g.reduce_in = reduce_fp32_ && g.grad_full.scalar_type() != at::kDouble ? g.grad_full.to(at::kFloat) : g.grad_full;
+    g.reduce_out = at::empty({g.shard_numel}, g.reduce_in.options());
+    g.reduce_work = comm_->reduce_scatter_sum(g.reduce_out, g.reduce_in);
+    for (auto& p : g.params) p.tensor.mutable_grad() = at::Tensor();
+    g.grad_full = at::Tensor();
+  }
+
+  void accumulate_shard_grad(Group& g) {
+    at::Tensor add = g.reduce_out.to(g.shard.scalar_type());
+    if (g.shard.grad().defined()) g.shard.mutable_grad().add_(add);
+    else g.shard.mutable_grad() = add;
+    g.reduce_in = at::Tensor();
+    g.reduce_out = at::Tensor();
+  }
+
+  bool reshard_, reduce_fp32_;
+  Communicator* comm_ = nullptr;
+  int W_ = 1, R_ = 0;
+  std::vector<Unit> units_;
+  std::vector<size_t> done_forward_;
+};
+
 void register_all(Registrar& r) {
   r.add<Sharding>("none", "one process: the optimizer updates the model's parameters", Schema{},
                   [](const Config&) { return std::make_unique<NoSharding>(); });
@@ -218,6 +484,15 @@ void register_all(Registrar& r) {
                   "overlapped with the backward",
                   Schema{Field::number("bucket_mb", 25.0).min(1).doc("gradient bucket size in MiB")},
                   [](const Config& c) { return std::make_unique<DdpSharding>(c); });
+  r.add<Sharding>("fsdp2",
+                  "each parameter unit sharded flat across ranks: gathered before use, freed after, "
+                  "gradients reduce-scattered as each unit's backward ends",
+                  Schema{Field::boolean("reshard_after_forward", true)
+                             .doc("free a unit's gathered parameters after its forward (gathered again "
+                                  "for its backward)"),
+                         Field::choice("reduce_dtype", "fp32", {"fp32", "param"})
+                             .doc("dtype of the gradient reduce-scatter: fp32, or the parameters' own")},
+                  [](const Config& c) { return std::make_unique<Fsdp2Sharding>(c); });
 }
 
 }  // namespace

@@ -273,9 +273,9 @@ class ZooBigram : public qrun::Model {
     return {{"embed.weight", embed_}, {"head.weight", head_}};
   }
 
-  void save(const std::string& dir) override {
+  void save(const std::string& dir, const std::map<std::string, at::Tensor>& values) override {
     torch::serialize::OutputArchive ar;
-    for (auto& [n, p] : named_parameters()) ar.write(n, p.detach());
+    for (auto& [n, p] : named_parameters()) ar.write(n, values.empty() ? p.detach() : values.at(n));
     ar.save_to(dir + "/zoo-bigram.pt");
   }
 

@@ -65,6 +65,7 @@ inline Batch padded_batch(const std::vector<Sample>& s) {
     b.seq.seq_idx[i].narrow(0, 0, L).fill_(static_cast<int32_t>(i));
     cu.push_back(cu.back() + L);
     b.seq.max_seqlen = std::max(b.seq.max_seqlen, L);
+    b.loss_tokens += s[i].labels.narrow(0, 1, std::max<int64_t>(L - 1, 0)).ne(kIgnoreIndex).sum().item<int64_t>();
   }
   b.seq.layout = Layout::Padded;
   b.seq.cu_seqlens_host = cu;

@@ -16,6 +16,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +58,32 @@ struct ModelSummary {
   std::string description;  // one line for logs ("Qwen3.5 hybrid, 8 layers (6 GDN + 2 attn), ...")
 };
 
+// Note [Parameter units] (added in SDK 4): a model groups its parameters into units in execution
+// order - the embedding, each decoder layer, the head (the final norm and the output projection;
+// with tied embeddings the embedding's unit holds the head too) - and calls a sharding's hooks at
+// the units' boundaries, so that an fsdp2 sharding can gather a unit's parameters just before
+// they are used and free them after:
+//   * forward: before_forward(u) before unit u reads any parameter, after_forward(u) after its
+//     last use in the forward;
+//   * backward: before_backward(u) before autograd runs any of unit u's backward (the model puts
+//     an identity autograd node on the unit's output whose backward calls it; with activation
+//     checkpointing, before the unit's recompute).
+// The end of a unit's backward is seen by the sharding itself (its parameters' gradients are
+// accumulated). Between the hooks the unit's parameters are the model's own tensors, in their
+// registered shapes; outside them their storage may be empty.
+struct ParamUnit {
+  std::string name;                 // "embed", "layers.3", "head"
+  std::vector<std::string> params;  // names from named_parameters(), in that order
+};
+
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before_forward(size_t unit) = 0;
+  virtual void after_forward(size_t unit) = 0;
+  virtual void before_backward(size_t unit) = 0;
+};
+
 class Model : public Component {
  public:
   static constexpr const char* kKind = "model";
@@ -73,8 +100,10 @@ class Model : public Component {
   virtual std::vector<std::pair<std::string, at::Tensor>> named_parameters() = 0;
 
   // Writes a Hugging Face checkpoint (config.json, sharded safetensors + index) into `dir`,
-  // which the caller created; the caller makes the whole checkpoint atomic.
-  virtual void save(const std::string& dir) = 0;
+  // which the caller created; the caller makes the whole checkpoint atomic. `values` (SDK 4), when
+  // not empty, holds every parameter's full value by name (CPU tensors, gathered by a sharding that
+  // splits the model's own across ranks) and is written instead of the model's tensors.
+  virtual void save(const std::string& dir, const std::map<std::string, at::Tensor>& values = {}) = 0;
 
   // Training FLOPs per token (forward + backward = 3x forward) for a batch with these sample
   // lengths, per the model's FLOP model; used for MFU.
@@ -87,6 +116,12 @@ class Model : public Component {
   // Answerable right after construction, before build(): the host checks the recipe's backends
   // against it before loading any weight (kernels.h, Note [What a backend can run]).
   virtual std::vector<KernelUse> kernel_uses() const { return {}; }
+
+  // Added in SDK 4 (Note [Parameter units]). Empty: the model has no units (an fsdp2 sharding
+  // refuses it; none and ddp need none).
+  virtual std::vector<ParamUnit> units() const { return {}; }
+  // The hooks to call from now on (null: none). Not owned; set after build().
+  virtual void set_unit_hooks(UnitHooks* hooks) { (void)hooks; }
 };
 
 }  // namespace qrun

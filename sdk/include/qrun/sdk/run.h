@@ -82,8 +82,12 @@ class Transport : public Component {
 
 // The optimizer's view of one tensor a rank updates.
 struct ShardedParam {
-  std::string name;   // the model's parameter name, or "<unit>/shard" for a flat shard
+  std::string name;   // the model's parameter name, or "<unit>/<dtype>/shard" for a flat shard
   at::Tensor tensor;  // a leaf whose .grad holds the global gradient after finish_gradients()
+  // A flat shard: the length of the whole (unpadded) flat group it is part of; rank r holds
+  // elements [r * tensor.numel(), (r + 1) * tensor.numel()) of it, zero-padded past the end.
+  // 0: the tensor is a whole parameter, the same on every rank.
+  int64_t full_numel = 0;
 };
 
 // Places parameters, gradients and optimizer state across ranks (none, ddp, fsdp2).
