@@ -95,6 +95,12 @@ class FlashVarlen final : public Attention {
   std::string unsupported(const KernelUse& u) const override {
     return why_not(u.device, u.dtype, u.heads, u.kv_heads, u.head_dim);
   }
+  // Measured on an H100 (qrun check, 27B shapes included): forward <= 6.3e-4, gradients 1.1e-3 to
+  // 2.1e-3 beyond bf16 storage. The shipped FA2 backward rounds the probabilities and dS to bf16
+  // for its tensor-core products and, with grouped K/V heads, rounds each query head's dk/dv to
+  // bf16 before summing the group: the worst gradient is always dk. The kernel is LibTorch's, not
+  // ours to change; the bound is stated for it.
+  std::pair<double, double> bf16_tolerance() const override { return {2e-3, 4e-3}; }
 
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const SeqInfo& seq,
                      double scale) override {

@@ -127,7 +127,7 @@ struct NormFn : public torch::autograd::Function<NormFn> {
     at::Tensor w = norm_weight(weight, x);
     fo::NormArgs a = norm_args(v, w, eps, zc);
     at::Tensor cs, sn;
-    if (cos.defined()) {
+    if (cos.numel() > 0) {
       cs = cos.to(x.scalar_type()).reshape({-1, cos.size(-1)}).contiguous();
       sn = sin.to(x.scalar_type()).reshape({-1, sin.size(-1)}).contiguous();
       QRUN_CHECK(cs.size(0) == v.outer, "{} qk_norm_rope: cos/sin have {} rows for {} tokens", kName, cs.size(0), v.outer);
@@ -409,7 +409,10 @@ class FusedOps final : public Ops {
       t.provide<op::RmsNorm>(
           [](const at::Tensor& x, const at::Tensor& w, double eps, bool zc) {
             check_cuda(x, op::RmsNorm::kName);
-            return NormFn::apply(x, w, eps, zc, at::Tensor(), at::Tensor());
+            // No rope: empty (defined) tables; autograd's Function::apply asks every tensor input
+            // for its device.
+            at::Tensor none = at::empty({0}, x.options());
+            return NormFn::apply(x, w, eps, zc, none, none);
           },
           provider);
     if (want(op::AddRmsNorm::kName))

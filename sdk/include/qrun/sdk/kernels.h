@@ -50,6 +50,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace qrun {
 
@@ -98,6 +99,10 @@ class KernelBackend : public Component {
     (void)use;
     return {};
   }
+  // The error `qrun check` holds the backend to in bf16 ({forward, gradients}; norm-wise, beyond
+  // the bf16 storage of the result). A backend that states more than 2e-3 says why in its
+  // source (e.g. a shipped kernel that rounds an intermediate to bf16).
+  virtual std::pair<double, double> bf16_tolerance() const { return {2e-3, 2e-3}; }
 };
 
 // Causal softmax attention within sample boundaries, with grouped-query heads.
