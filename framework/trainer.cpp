@@ -183,6 +183,25 @@ std::string state_json(const TrainState& s) {
       s.step, s.epoch, s.tokens_seen, json_escape(s.cursor), json_escape(s.collator_state));
 }
 
+// Fault injection for the multi-rank tests (tests/sharding): QRUN_FAULT_EXIT=<rank>:<where>:<step>
+// makes that rank exit at once (code 17) at `where` ("step": before the step's forward;
+// "checkpoint": halfway through writing its checkpoint shard) of optimizer step <step>.
+void fault_point(const Session& run, const char* where, int64_t step) {
+  static const std::string spec = [] {
+    const char* v = std::getenv("QRUN_FAULT_EXIT");
+    return std::string(v ? v : "");
+  }();
+  if (spec.empty()) return;
+  int rank = -1;
+  long long at = -1;
+  char w[32] = {0};
+  if (std::sscanf(spec.c_str(), "%d:%31[a-z]:%lld", &rank, w, &at) == 3 && rank == run.env.rank &&
+      std::string(w) == where && at == step) {
+    std::fprintf(stderr, "QRUN_FAULT_EXIT: rank %d exits at %s %lld\n", rank, where, at);
+    std::_Exit(17);
+  }
+}
+
 bool sharded_state(const Session& run) {
   for (const auto& p : run.optimized)
     if (p.full_numel > 0) return true;
@@ -220,6 +239,7 @@ CheckpointRef save_sharded_checkpoint(Session& run, AdamW& opt, const TrainState
     ar.write("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
     CheckedFile out(staging / (file + ".tmp"));
     ar.save_to([&out](const void* data, size_t n) { return out.sink_write(data, n); });
+    fault_point(run, "checkpoint", st.step);  // (tests) a rank that dies with its shard half-written
     out.close();
     fs::rename(staging / (file + ".tmp"), staging / file);
   }
@@ -565,6 +585,7 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
     const double lr = schedule_lr(kind, ao.lr, st.step, sched.get_int("warmup_steps"), total_steps,
                                   sched.get_float("min_lr_ratio"));
     StepOutcome so;
+    fault_point(run, "step", st.step + 1);
     try {
       so = train_step(run, opt, trainable, micro, clip, lr, g_stop_signal.load() != 0);
     } catch (const c10::OutOfMemoryError& e) {

@@ -33,13 +33,16 @@ class StoreCommunicator final : public qrun::Communicator {
   StoreCommunicator(c10::intrusive_ptr<c10d::TCPStore> store, int rank, int world)
       : store_(std::move(store)), rank_(rank), world_(world) {}
   // Rank 0's store serves every rank: it stays up until every rank has said it is done with it.
+  // A rank that died never says so: rank 0 waits at most the store's timeout.
   ~StoreCommunicator() override {
     try {
       store_->add("leaving", 1);
+      const auto deadline = std::chrono::steady_clock::now() + store_->getTimeout();
       if (rank_ == 0)
-        while (store_->add("leaving", 0) < world_) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        while (store_->add("leaving", 0) < world_ && std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
     } catch (const std::exception&) {
-      // A rank that died: nothing to wait for.
+      // The store is gone (rank 0 left first after a failure): nothing to wait for.
     }
   }
   int rank() const override { return rank_; }
@@ -88,7 +91,14 @@ class StoreCommunicator final : public qrun::Communicator {
     store_->set(base + std::to_string(rank_), std::vector<uint8_t>(b, b + c.nbytes()));
     std::vector<at::Tensor> parts;
     for (int r = 0; r < world_; ++r) {
-      std::vector<uint8_t> bytes = store_->get(base + std::to_string(r));  // waits for the key
+      std::vector<uint8_t> bytes;
+      try {
+        bytes = store_->get(base + std::to_string(r));  // waits for the key, up to the store's timeout
+      } catch (const std::exception& e) {
+        throw qrun::UserError(fmt::format(
+            "rank {}: rank {} did not join collective #{} in time (it died, or is stuck elsewhere): {}", rank_, r,
+            seq_ - 1, std::string(e.what()).substr(0, 200)));
+      }
       QRUN_CHECK(bytes.size() == c.nbytes(), "test-store: rank {} sent {} bytes for a collective of {} bytes", r,
                  bytes.size(), c.nbytes());
       at::Tensor p = at::empty_like(c);

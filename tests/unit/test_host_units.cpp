@@ -1,6 +1,7 @@
 // tests/unit - unit tests of the host's small modules: edit distance and suggestions, the
 // registry's conflict handling, Config access rules, --set parsing.
 #include "bench.h"
+#include "distributed.h"
 #include "recipe.h"
 #include "registry.h"
 #include "session.h"
@@ -130,4 +131,69 @@ TEST(BenchProfile, KernelGroups) {
   EXPECT_EQ(qrun::kernel_group("void at::native::reduce_kernel<512, 1>"), "reductions and norms");
   EXPECT_EQ(qrun::kernel_group("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<256>>"), "attention (fused)");
   EXPECT_EQ(qrun::kernel_group("some_new_kernel"), "other");
+}
+
+// Launch environments (framework/distributed.h): torchrun's and SLURM's variables, and the
+// messages of launches that do not add up.
+TEST(LaunchEnv, TorchrunSlurmAndSingle) {
+  qrun::DistributedEnv e = qrun::read_launch_env({});
+  EXPECT_EQ(e.world_size, 1);
+  EXPECT_FALSE(e.distributed());
+  e = qrun::read_launch_env({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "4"},
+                             {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "29511"}});
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 3);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.master_addr, "node7");
+  EXPECT_EQ(e.master_port, 29511);
+  EXPECT_EQ(e.source, "torchrun");
+  e = qrun::read_launch_env({{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"},
+                             {"SLURM_TASKS_PER_NODE", "8(x2)"}, {"SLURM_JOB_NODELIST", "gpu[03-04,07],cpu1"}});
+  EXPECT_EQ(e.rank, 9);
+  EXPECT_EQ(e.world_size, 16);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 8);
+  EXPECT_EQ(e.master_addr, "gpu03");
+  EXPECT_EQ(e.master_port, 29500);
+  EXPECT_EQ(e.source, "SLURM");
+  EXPECT_EQ(qrun::first_slurm_host("a1,b2"), "a1");
+  EXPECT_EQ(qrun::first_slurm_host("node[7,9-12]"), "node7");
+  EXPECT_EQ(qrun::first_slurm_host("solo"), "solo");
+}
+
+TEST(LaunchEnv, InconsistentLaunchesAreUserErrors) {
+  auto message = [](const std::map<std::string, std::string>& v) {
+    try {
+      qrun::read_launch_env(v);
+    } catch (const qrun::UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({{"WORLD_SIZE", "4"}}).find("WORLD_SIZE=4 is set but RANK is not"), std::string::npos);
+  EXPECT_NE(message({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}}).find("RANK=4 is not an integer in [0, 3]"),
+            std::string::npos);
+  EXPECT_NE(message({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}}).find("needs MASTER_ADDR and MASTER_PORT"),
+            std::string::npos);
+  EXPECT_NE(message({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "h"},
+                     {"MASTER_PORT", "http"}}).find("MASTER_PORT=http is not an integer"),
+            std::string::npos);
+}
+
+// The share of a global batch each rank runs: equal counts, tokens balanced, the same on every rank.
+TEST(RankShare, BalancedAndComplete) {
+  std::vector<qrun::Batch> micro(8);
+  const int64_t tokens[] = {900, 100, 800, 200, 700, 300, 600, 400};
+  for (size_t i = 0; i < micro.size(); ++i) micro[i].real_tokens = tokens[i];
+  std::vector<int> owner(micro.size(), -1);
+  std::vector<int64_t> load(4, 0);
+  for (int r = 0; r < 4; ++r)
+    for (size_t i : qrun::rank_share(micro, r, 4)) {
+      EXPECT_EQ(owner[i], -1) << "batch " << i << " given twice";
+      owner[i] = r;
+      load[r] += micro[i].real_tokens;
+    }
+  for (size_t i = 0; i < micro.size(); ++i) EXPECT_GE(owner[i], 0) << "batch " << i << " given to no rank";
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(load[r], 1000) << "rank " << r;
 }
