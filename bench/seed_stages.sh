@@ -2,8 +2,9 @@
 # The seed's three stages through the real binary and the Hugging Face anchor, in one GPU call,
 # on the same chat-like length mix (log-normal, median 900, sigma 0.75, capped at 8,192):
 #   baseline  recipes/qwen27b_baseline.yaml  reference kernels, padded
-#   fused     recipes/qwen27b_fused.yaml     fla-gated-delta, padded
-#   packed    recipes/qwen27b_packed.yaml    fla-gated-delta, packed
+#   fused     recipes/qwen27b_fused.yaml     every fused backend, padded
+#   packed    recipes/qwen27b_packed.yaml    every fused backend, packed (one GPU: no sharding, no
+#             activation checkpointing, as the other two)
 #   anchor    ../shared/bench/hf_anchor.py   transformers, torch fallbacks, padded, gradient
 #             checkpointing (its default); the GPU machine does not get ../shared: bench/device.sh
 #             --pack copies it to build-dev/anchor/ (ANCHOR=path overrides)
@@ -18,7 +19,12 @@ L=${LAYERS:-4}
 anchor=${ANCHOR:-build-dev/anchor/hf_anchor.py}
 for stage in baseline fused packed; do
   t0=$(date +%s)
-  timeout ${STAGE_TIMEOUT:-240} "$qrun" bench recipes/qwen27b_$stage.yaml --set model.num_layers=$L \
+  # The packed recipe is the multi-GPU one (fsdp2, checkpointed layers, fp32 masters, 8 micro-batches
+  # a step); on one GPU the stages differ only in kernels and packing.
+  extra=()
+  [[ $stage == packed ]] && extra=(--set sharding=none --set model.activation_checkpointing=none
+                                   --set precision.master_weights=false --set train.grad_accum=1)
+  timeout ${STAGE_TIMEOUT:-240} "$qrun" bench recipes/qwen27b_$stage.yaml --set model.num_layers=$L "${extra[@]}" \
     --set run.dir=/tmp/qrun-stage-$stage --synthetic chat --steps ${STEPS:-10} --warmup 3 \
     $([[ $stage == packed ]] && echo --profile) --label "$stage" --json "$OUT/stage_$stage.json" > "$OUT/stage_$stage.log" 2>&1
   echo "$stage: rc=$? in $(( $(date +%s) - t0 )) s"

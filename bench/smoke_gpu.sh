@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU smoke test of the real host (run by bench/device.sh on the GPU machine):
-# recipes/qwen27b_packed.yaml (the 27B preset, fla-gated-delta, bf16, packed) cut to 4 layers
-# (3 Gated DeltaNet + 1 attention), on one repeated packed batch of two synthetic samples:
+# recipes/qwen27b_packed.yaml (the 27B preset, every fused backend, bf16, packed) on one GPU without
+# sharding or checkpointed layers, cut to 4 layers (3 Gated DeltaNet + 1 attention), one
+# micro-batch a step, on one repeated packed batch of two synthetic samples:
 #   1. 10 steps through the trainer and AdamW on CUDA, with step-stats and torch-profiler in one
 #      recipe: exit 0, finite losses that fall, a checkpoint at step 5;
 #   2. --resume from that checkpoint to step 6: the same step-6 loss as the uninterrupted run;
@@ -14,7 +15,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 qrun=${QRUN_BIN:-build/bin/qrun}
 W=${SMOKE_WORK:-/tmp/qrun-smoke}; rm -rf "$W"; mkdir -p "$W"
-common=(recipes/qwen27b_packed.yaml --set model.num_layers=4 --set run.dir="$W/run"
+common=(recipes/qwen27b_packed.yaml --set model.num_layers=4 --set run.dir="$W/run" --set train.grad_accum=1
+  --set sharding=none --set model.activation_checkpointing=none
   --set 'data.dataset={plugin: synthetic, lengths: fixed, median: 4000, count: 2}'
   --set train.epochs=1000 --set optimizer.lr=3.0e-4 --set schedule.name=constant
   --set schedule.warmup_steps=0 --set train.log_every=1 --set train.tensorboard=false

@@ -41,6 +41,7 @@ c10::ScalarType dtype_of(const std::string& s) { return s == "bf16" ? c10::kBFlo
 // headers (their C signatures are stable since CUDA 2).
 struct DriverFacts {
   std::string name, version;
+  double total_bytes = 0;  // the device's memory
 };
 DriverFacts driver_facts(int index) {
   DriverFacts f;
@@ -59,6 +60,10 @@ DriverFacts driver_facts(int index) {
   if (init && get && name && init(0) == 0 && get(&dev, index) == 0 && name(buf, sizeof(buf), dev) == 0)
     f.name = buf;
   if (version && version(&v) == 0) f.version = fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
+  using MemFn = int (*)(size_t*, int);
+  auto mem = reinterpret_cast<MemFn>(::dlsym(h, "cuDeviceTotalMem_v2"));
+  size_t bytes = 0;
+  if (mem && !f.name.empty() && mem(&bytes, dev) == 0) f.total_bytes = static_cast<double>(bytes);
   return f;  // the handle stays open: the CUDA runtime holds the same library
 }
 
@@ -92,6 +97,7 @@ DeviceInfo device_info(const c10::Device& device, const Config& train) {
     DriverFacts f = driver_facts(device.index() < 0 ? 0 : device.index());
     d.name = f.name.empty() ? "unknown CUDA device" : f.name;
     d.driver = f.version;
+    d.memory_bytes = f.total_bytes;
     long rt = at::detail::getCUDAHooks().versionCUDART();
     if (rt > 0) d.cuda_runtime = fmt::format("{}.{}", rt / 1000, (rt % 1000) / 10);
   } else {
@@ -139,6 +145,62 @@ std::unique_ptr<Transport> pick_transport(const Registry& reg, c10::DeviceType d
              why.empty() ? " (none is installed: the nccl-transport plugin is built with CUDA)" : ": ",
              join(why, "; "));
   return nullptr;
+}
+
+std::string gib(double bytes) {
+  return bytes >= (1ull << 30) ? fmt::format("{:.1f} GiB", bytes / (1ull << 30))
+                               : fmt::format("{:.1f} MiB", bytes / (1ull << 20));
+}
+
+// Note [Memory model]: per rank, before any weight is loaded: parameters, gradients and optimizer
+// state as the sharding places them, the activations the model estimates for one micro-batch, and
+// on a GPU whether they fit its memory. A run that cannot fit stops here (exit 2) with the numbers
+// and what would make it fit.
+void print_memory_model(const Recipe& r, const Model& model, const Sharding* sharding, int world,
+                        const c10::Device& device, const ModelPlacement& p) {
+  const ModelSummary ms = model.summary();
+  const double numel = static_cast<double>(ms.num_parameters);
+  const int pb = p.param_dtype == c10::kFloat ? 4 : 2, ab = p.compute_dtype == c10::kFloat ? 4 : 2;
+  const bool master = r.section("precision").get_bool("master_weights") && pb != 4;
+  const int sb = master ? 4 : pb;
+  Sharding::Memory m;
+  if (sharding) {
+    m = sharding->memory_per_rank(numel, pb, sb, master, world);
+  } else {
+    m.params = numel * pb;
+    m.grads = numel * pb;
+    m.optimizer = numel * (2.0 * sb + (master ? 4 : 0));
+  }
+  const ComponentSpec* coll = r.component("data.collator");
+  const double tokens = coll && coll->config.has("tokens_per_batch") ? static_cast<double>(coll->config.get_int("tokens_per_batch")) : 0;
+  const ComponentSpec* mc = r.component("model");
+  const bool ckpt = mc && mc->config.has("activation_checkpointing") &&
+                    std::get<std::string>(mc->config.values().at("activation_checkpointing")) != "none";
+  const double act = tokens * model.activation_bytes_per_token(ckpt, ab);
+  const double total = m.params + m.grads + m.optimizer + (std::isfinite(act) ? act : 0.0);
+  log_info("memory per rank ({} rank{}, {}): parameters {}, gradients {}, optimizer {}, activations {} ({} "
+           "tokens{}): about {}", world, world == 1 ? "" : "s", sharding ? r.component("sharding") ? r.component("sharding")->name : "none" : "none",
+           gib(m.params), gib(m.grads), gib(m.optimizer), std::isfinite(act) ? gib(act) : "unknown",
+           static_cast<int64_t>(tokens), ckpt ? ", checkpointed" : "", gib(total));
+  if (!device.is_cuda()) return;
+  const DeviceInfo di = device_info(device, r.section("train"));
+  if (di.memory_bytes <= 0) return;
+  const double usable = 0.95 * di.memory_bytes;
+  if (total <= usable) return;
+  const double state = m.params + m.grads + m.optimizer;
+  std::vector<std::string> fixes;
+  const double per_gpu_state = state * world;  // the whole state, to be split
+  if (std::isfinite(act) && act < usable) {
+    const int need = static_cast<int>(std::ceil(per_gpu_state / (usable - act)));
+    fixes.push_back(fmt::format("fsdp2 over at least {} GPUs of this size (sharding: fsdp2)", need));
+  }
+  if (!ckpt) fixes.push_back("activation checkpointing (model.activation_checkpointing: full)");
+  fixes.push_back("fewer tokens per micro-batch (data.collator.tokens_per_batch)");
+  fixes.push_back(fmt::format("fewer layers (model.num_layers, now {})", ms.num_layers));
+  QRUN_CHECK(false, "{}: {} needs about {} per rank but {} has {}: parameters {}, gradients {}, optimizer {}, "
+             "activations {}. Try {}", r.file, ms.description.substr(0, ms.description.find(',')), gib(total), di.name,
+             gib(di.memory_bytes), gib(m.params), gib(m.grads), gib(m.optimizer),
+             std::isfinite(act) ? gib(act) : "unknown", join(fixes, ", or "));
 }
 
 }  // namespace
@@ -196,6 +258,7 @@ Session::Session(const Recipe& r, const Registry& reg) : recipe(r), registry(reg
   placement.device = device;
   placement.param_dtype = dtype_of(r.section("precision").get_string("param"));
   placement.compute_dtype = dtype_of(r.section("precision").get_string("compute"));
+  print_memory_model(r, *model, sharding.get(), env.world_size, device, placement);
   // Every backend against every kernel use, before any weight is loaded (sdk kernels.h).
   check_kernel_uses(r, reg, *model,
                     {{Attention::kKind, attention.get()},

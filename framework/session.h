@@ -33,6 +33,7 @@ struct DeviceInfo {
   std::string driver;        // "13.0" (CUDA driver API version), "" on CPU
   std::string cuda_runtime;  // the CUDA runtime LibTorch runs with, "" on CPU
   double peak_flops = std::nan("");
+  double memory_bytes = 0;   // the device's memory (0: unknown, or the CPU)
   std::string peak_source;   // "train.peak_tflops", "device table (H200)", "unknown device"
 };
 DeviceInfo device_info(const c10::Device& device, const Config& train);

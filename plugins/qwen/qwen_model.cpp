@@ -762,6 +762,25 @@ class QwenModel final : public Model {
     return 3.0 * (2.0 * n_mm + f_att + f_gdn);
   }
 
+  // What autograd keeps per token (Note [Activation estimate]): an estimate for the memory model.
+  double activation_bytes_per_token(bool checkpointing, int b) const override {
+    // Note [Activation estimate]: per token, in elements of the activation dtype, what the
+    // backward holds of one layer: its input and the norms' outputs (3 H), the attention layer's
+    // q/gate, k, v projections, normalised and rotated q/k, output and gated output
+    // (2 n_q d_h + 4 n_kv d_h + 3 n_q d_h), or the Gated DeltaNet layer's projections, conv
+    // output, kernel inputs and outputs, gated norm (3 conv_dim + 4 value_dim + 4 n_v), and the
+    // MLP's gate, up and SwiGLU output (3 I); plus the fused gated delta rule's kept prep, about
+    // 33 KiB per token at 48 value heads (linear in the heads). With checkpointing only each
+    // layer's input stays (H per layer), plus one layer's full set while it is recomputed.
+    const double H = c_.hidden, I = c_.inter, Lf = c_.num_full(), Ll = c_.num_linear();
+    const double attn = 3 * H + 2 * c_.n_q * c_.d_h + 4 * c_.n_kv * c_.d_h + 3 * c_.n_q * c_.d_h + 3 * I;
+    const double gdn = 3 * H + 3 * c_.conv_dim() + 4 * c_.value_dim() + 4 * c_.n_v + 3 * I;
+    const double prep = 33.0 * 1024 / 48 * c_.n_v;  // bytes
+    const double per_layer_attn = attn * b, per_layer_gdn = gdn * b + prep;
+    if (!checkpointing) return Lf * per_layer_attn + Ll * per_layer_gdn;
+    return (Lf + Ll) * H * b + std::max(per_layer_attn, per_layer_gdn);
+  }
+
   std::vector<KernelUse> kernel_uses() const override {
     std::vector<KernelUse> u;
     if (c_.num_full() > 0) {

@@ -16,6 +16,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <utility>
@@ -116,6 +117,15 @@ class Model : public Component {
   // Answerable right after construction, before build(): the host checks the recipe's backends
   // against it before loading any weight (kernels.h, Note [What a backend can run]).
   virtual std::vector<KernelUse> kernel_uses() const { return {}; }
+
+  // Added in SDK 4. Bytes of activations held for the backward per token of a micro-batch, with
+  // `checkpointing` (each layer recomputed) or not, at `bytes_per_element` for the activations;
+  // NaN when the model cannot say. For the memory model printed at a run's start.
+  virtual double activation_bytes_per_token(bool checkpointing, int bytes_per_element) const {
+    (void)checkpointing;
+    (void)bytes_per_element;
+    return std::nan("");
+  }
 
   // Added in SDK 4 (Note [Parameter units]). Empty: the model has no units (an fsdp2 sharding
   // refuses it; none and ddp need none).
