@@ -494,6 +494,8 @@ std::string kernel_group(const std::string& n) {
   if (has("gdn_") || has("gated_delta")) return "gated delta rule";
   if (has("flash") || has("fmha") || has("attention")) return "attention (fused)";
   if (has("conv1d") || has("causal_conv")) return "conv1d";
+  if (has("qrun::fops")) return "ops (fused: norms, SwiGLU, loss rows)";
+  if (has("nccl") || has("ncclDevKernel")) return "communication (NCCL)";
   if (has("adam") || has("Adam")) return "optimizer (AdamW)";
   if (has("gemm") || has("Gemm") || has("cutlass") || has("xmma") || has("nvjet") || has("cublas") ||
       has("sm90_") || has("sm80_") || has("wgmma"))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every command printed in README.md and docs/USER_GUIDE.md runs as printed from the repo root:
 # each `build/bin/qrun ...` line of a code block is executed (a run, an eval or a `data inspect`
-# as `validate` with the same recipe and --set overrides, so no training starts; `check`,
+# as `validate` with the same recipe and --set overrides, so no training starts, also under
+# `--nproc-per-node N`; `check`,
 # `plugins`, `validate` and `--version` as printed; a GPU-only `check` may refuse on CPU with its
 # CUDA-only message), and `.venv/bin/hf download` must exist. Synopsis lines (with <...> or
 # [...]) are skipped. Usage: check_doc_commands.sh QRUN_BIN SOURCE_DIR
@@ -26,6 +27,8 @@ while IFS= read -r entry; do
       continue ;;
   esac
   args=("${argv[@]:1}")
+  # `qrun --nproc-per-node N <recipe> ...`: the recipe and overrides must validate (no ranks start).
+  [[ "${args[0]:-}" == --nproc-per-node ]] && args=("${args[@]:2}")
   sub=${args[0]:-}
   case "$sub" in
     *.yaml) run "$qrun" validate $(printf '%s\n' "${args[@]}" | grep -vx -- '--resume') ;;

@@ -130,6 +130,11 @@ TEST(BenchProfile, KernelGroups) {
   EXPECT_EQ(qrun::kernel_group("void at::native::(anonymous namespace)::cunn_SoftMaxForward<8>"), "softmax / loss");
   EXPECT_EQ(qrun::kernel_group("void at::native::reduce_kernel<512, 1>"), "reductions and norms");
   EXPECT_EQ(qrun::kernel_group("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<256>>"), "attention (fused)");
+  EXPECT_EQ(qrun::kernel_group("void qrun::conv1d::(anonymous namespace)::bwd_kernel<__nv_bfloat16, __nv_bfloat16, 4, 8>"),
+            "conv1d");
+  EXPECT_EQ(qrun::kernel_group("void qrun::fops::(anonymous namespace)::ce_rows_kernel<__nv_bfloat16, 8>"),
+            "ops (fused: norms, SwiGLU, loss rows)");
+  EXPECT_EQ(qrun::kernel_group("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"), "communication (NCCL)");
   EXPECT_EQ(qrun::kernel_group("some_new_kernel"), "other");
 }
 
