@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,13 +41,25 @@ int to_int(const std::string& name, const std::string& value, int lo, int hi) {
   return static_cast<int>(x);
 }
 
-// The local ranks SLURM gives this node: SLURM_NTASKS_PER_NODE, else the first number of
-// SLURM_TASKS_PER_NODE ("8(x4)" -> 8).
+// The local ranks SLURM gives this node: SLURM_NTASKS_PER_NODE, else this node's entry of
+// SLURM_TASKS_PER_NODE ("2,8(x3)": node 0 runs 2 tasks, nodes 1-3 run 8; SLURM_NODEID picks).
 int slurm_local_world(const std::map<std::string, std::string>& v, int world) {
   if (auto n = get(v, "SLURM_NTASKS_PER_NODE")) return to_int("SLURM_NTASKS_PER_NODE", *n, 1, world);
   if (auto t = get(v, "SLURM_TASKS_PER_NODE")) {
-    const std::string head = t->substr(0, t->find_first_not_of("0123456789"));
-    if (!head.empty()) return to_int("SLURM_TASKS_PER_NODE", head, 1, world);
+    const int node = get(v, "SLURM_NODEID") ? to_int("SLURM_NODEID", *get(v, "SLURM_NODEID"), 0, 1 << 20) : 0;
+    int first = 0;
+    size_t pos = 0;
+    while (pos < t->size()) {
+      const size_t end = std::min(t->find(',', pos), t->size());
+      const std::string item = t->substr(pos, end - pos);  // "8" or "8(x3)"
+      const int count = to_int("SLURM_TASKS_PER_NODE", item.substr(0, item.find('(')), 1, world);
+      int repeat = 1;
+      if (item.find("(x") != std::string::npos)
+        repeat = to_int("SLURM_TASKS_PER_NODE", item.substr(item.find("(x") + 2, item.find(')') - item.find("(x") - 2), 1, 1 << 20);
+      if (node < first + repeat) return count;
+      first += repeat;
+      pos = end + 1;
+    }
   }
   return world;
 }
@@ -105,9 +118,10 @@ std::string first_slurm_host(const std::string& nodelist) {
   const std::string first = nodelist.substr(0, end);
   const size_t lb = first.find('[');
   if (lb == std::string::npos) return first;
-  const std::string inside = first.substr(lb + 1, first.find(']') - lb - 1);
+  const size_t rb = first.find(']');
+  const std::string inside = first.substr(lb + 1, rb - lb - 1);
   const std::string number = inside.substr(0, inside.find_first_of(",-"));
-  return first.substr(0, lb) + number;
+  return first.substr(0, lb) + number + (rb == std::string::npos ? "" : first.substr(rb + 1));
 }
 
 DistributedEnv read_launch_env(const std::map<std::string, std::string>& v) {
@@ -137,6 +151,8 @@ DistributedEnv read_launch_env(const std::map<std::string, std::string>& v) {
       e.master_port = to_int("MASTER_PORT", *port, 1, 65535);
     }
     e.source = get(v, "QRUN_LAUNCHER") ? *get(v, "QRUN_LAUNCHER") : "torchrun";
+    e.agent_store = get(v, "TORCHELASTIC_USE_AGENT_STORE") && *get(v, "TORCHELASTIC_USE_AGENT_STORE") == "True";
+    if (auto rc = get(v, "TORCHELASTIC_RESTART_COUNT")) e.restart_count = to_int("TORCHELASTIC_RESTART_COUNT", *rc, 0, 1 << 20);
     return e;
   }
   if (get(v, "SLURM_PROCID") && get(v, "SLURM_NTASKS")) {
@@ -145,7 +161,9 @@ DistributedEnv read_launch_env(const std::map<std::string, std::string>& v) {
     e.local_world_size = slurm_local_world(v, e.world_size);
     e.local_rank = get(v, "SLURM_LOCALID") ? to_int("SLURM_LOCALID", *get(v, "SLURM_LOCALID"), 0, e.local_world_size - 1) : 0;
     if (e.world_size > 1) {
-      auto nodes = get(v, "SLURM_JOB_NODELIST") ? get(v, "SLURM_JOB_NODELIST") : get(v, "SLURM_NODELIST");
+      auto nodes = get(v, "SLURM_STEP_NODELIST")  ? get(v, "SLURM_STEP_NODELIST")
+                   : get(v, "SLURM_JOB_NODELIST") ? get(v, "SLURM_JOB_NODELIST")
+                                                   : get(v, "SLURM_NODELIST");
       QRUN_CHECK(nodes || get(v, "MASTER_ADDR"),
                  "launch environment: SLURM_NTASKS={} but neither SLURM_JOB_NODELIST nor MASTER_ADDR names the "
                  "rank-0 host", e.world_size);
@@ -163,7 +181,7 @@ int launch_local(int nproc, const std::vector<std::string>& args, double grace_s
   QRUN_CHECK(!env.count("RANK") && !env.count("WORLD_SIZE"),
              "qrun --nproc-per-node: RANK/WORLD_SIZE are already set (this process was launched by torchrun or "
              "another launcher); run `qrun <recipe>` under that launcher, or unset them");
-  const std::string addr = env.count("MASTER_ADDR") ? env.at("MASTER_ADDR") : "127.0.0.1";
+  const std::string addr = "127.0.0.1";  // the ranks of this launcher are all on this node
   const int port = env.count("MASTER_PORT") ? to_int("MASTER_PORT", env.at("MASTER_PORT"), 1, 65535) : free_tcp_port();
   char self[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -175,10 +193,22 @@ int launch_local(int nproc, const std::vector<std::string>& args, double grace_s
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
   std::vector<pid_t> pids(nproc, -1);
+  const pid_t launcher = ::getpid();
   for (int r = 0; r < nproc; ++r) {
     const pid_t pid = ::fork();
-    QRUN_CHECK(pid >= 0, "launcher: fork failed: {}", std::strerror(errno));
+    if (pid < 0) {  // stop and reap the ranks already started
+      const int err = errno;
+      for (pid_t p : pids)
+        if (p > 0) ::kill(p, SIGKILL), ::waitpid(p, nullptr, 0);
+      QRUN_CHECK(false, "launcher: fork of rank {} failed: {}", r, std::strerror(err));
+    }
     if (pid == 0) {
+      // A rank dies with its launcher (SIGKILL of the launcher, a container stop) rather than
+      // holding its GPU unsupervised.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) std::_Exit(1);
+      // As torchrun: one OpenMP thread per rank unless the user chose otherwise.
+      if (nproc > 1) ::setenv("OMP_NUM_THREADS", "1", /*overwrite=*/0);
       ::setenv("RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);

@@ -179,7 +179,7 @@ void print_memory_model(const Recipe& r, const Model& model, const Sharding* sha
   const double act = tokens * model.activation_bytes_per_token(ckpt, ab);
   const double total = m.params + m.grads + m.optimizer + (std::isfinite(act) ? act : 0.0);
   log_info("memory per rank ({} rank{}, {}): parameters {}, gradients {}, optimizer {}, activations {} ({} "
-           "tokens{}): about {}", world, world == 1 ? "" : "s", sharding ? r.component("sharding") ? r.component("sharding")->name : "none" : "none",
+           "tokens{}): about {} (not counted: gathered units and communication buffers)", world, world == 1 ? "" : "s", sharding ? r.component("sharding") ? r.component("sharding")->name : "none" : "none",
            gib(m.params), gib(m.grads), gib(m.optimizer), std::isfinite(act) ? gib(act) : "unknown",
            static_cast<int64_t>(tokens), ckpt ? ", checkpointed" : "", gib(total));
   if (!device.is_cuda()) return;
@@ -187,11 +187,11 @@ void print_memory_model(const Recipe& r, const Model& model, const Sharding* sha
   if (di.memory_bytes <= 0) return;
   const double usable = 0.95 * di.memory_bytes;
   if (total <= usable) return;
-  const double state = m.params + m.grads + m.optimizer;
   std::vector<std::string> fixes;
-  const double per_gpu_state = state * world;  // the whole state, to be split
+  // The whole (unsplit) state, to be split by fsdp2.
+  const double whole = numel * (2.0 * pb + 2.0 * sb + (master ? 4.0 : 0.0));
   if (std::isfinite(act) && act < usable) {
-    const int need = static_cast<int>(std::ceil(per_gpu_state / (usable - act)));
+    const int need = static_cast<int>(std::ceil(whole / (usable - act)));
     fixes.push_back(fmt::format("fsdp2 over at least {} GPUs of this size (sharding: fsdp2)", need));
   }
   if (!ckpt) fixes.push_back("activation checkpointing (model.activation_checkpointing: full)");
@@ -224,12 +224,16 @@ Session::Session(const Recipe& r, const Registry& reg) : recipe(r), registry(reg
                "ranks; set it to a multiple, e.g. {}",
                r.section("train").location("grad_accum"), ga, env.world_size, env.world_size * ((ga + env.world_size - 1) / env.world_size));
     if (device.is_cuda()) {
+      // One GPU per rank: LOCAL_RANK picks it, unless the launcher shows each rank only its own
+      // (SLURM's --gpus-per-task, CUDA_VISIBLE_DEVICES per rank): then it is device 0.
       const int64_t n = static_cast<int64_t>(torch::cuda::device_count());
-      QRUN_CHECK(env.local_world_size <= n,
-                 "launch: {} ranks on this node (LOCAL_WORLD_SIZE) but {} CUDA device{}: one rank per GPU "
-                 "(NCCL refuses two ranks on one GPU)", env.local_world_size, n, n == 1 ? "" : "s");
-      device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-      at::accelerator::setDeviceIndex(static_cast<c10::DeviceIndex>(env.local_rank));
+      const int64_t index = n == 1 ? 0 : env.local_rank;
+      QRUN_CHECK(index < n,
+                 "launch: rank {} has LOCAL_RANK {} but this node shows {} CUDA device{}: one rank per GPU "
+                 "(NCCL refuses two ranks on one GPU); start at most {} ranks per node", env.rank,
+                 env.local_rank, n, n == 1 ? "" : "s", n);
+      device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+      at::accelerator::setDeviceIndex(static_cast<c10::DeviceIndex>(index));
     }
   }
   // The ranks' collectives: for several ranks, and for a sharding that talks through them even
@@ -294,7 +298,9 @@ Session::Session(const Recipe& r, const Registry& reg) : recipe(r), registry(reg
   chat = make_component<ChatFormat>(r, reg, "data.chat_format");
   dataset = make_component<Dataset>(r, reg, "data.dataset");
   collator = make_component<Collator>(r, reg, "data.collator");
-  for (const auto& p : r.profilers) profilers.push_back(reg.create<Profiler>(p.name, p.config));
+  // Profilers observe rank 0's steps (their files would collide across ranks).
+  if (env.rank == 0)
+    for (const auto& p : r.profilers) profilers.push_back(reg.create<Profiler>(p.name, p.config));
 }
 
 DataContext Session::data_context() const {
@@ -358,6 +364,9 @@ StepOutcome train_step(Session& s, AdamW& opt,
     o.sample_ids.insert(o.sample_ids.end(), b.sample_ids.begin(), b.sample_ids.end());
   }
   const int world = s.comm ? s.comm->world_size() : 1;
+  // Equal shares (the trainer keeps a step's micro-batches a multiple of the ranks): every rank
+  // runs the same number of forwards and backwards, so the shardings' collectives line up.
+  QRUN_ASSERT(micro.size() % static_cast<size_t>(world) == 0, "{} micro-batches for {} ranks", micro.size(), world);
   const std::vector<size_t> mine = rank_share(micro, s.env.rank, world);
   // Forward + backward of this rank's micro-batches, each loss scaled by 1 / (loss tokens of the
   // whole global batch); the loss sums stay on the device (fp64) until the one read below.
@@ -371,7 +380,7 @@ StepOutcome train_step(Session& s, AdamW& opt,
     }
   }
   if (s.sharding) {
-    if (mine.empty()) s.sharding->begin_micro_batch(true);  // no batch here, still in the reduction
+    if (mine.empty()) s.sharding->begin_micro_batch(true);  // a step with no loss tokens
     s.sharding->finish_gradients();
   }
   // The global gradient norm: each rank's share of the sum of squares (multi-tensor kernels), and

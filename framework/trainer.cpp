@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 
 namespace fs = std::filesystem;
 
@@ -246,6 +247,10 @@ CheckpointRef save_sharded_checkpoint(Session& run, AdamW& opt, const TrainState
   run.comm->barrier();  // every rank's shard is complete
   fs::path dir;
   if (rank == 0) {
+    // Staging folders of earlier saves that failed (a rank died) are never a checkpoint: gone.
+    for (const auto& e : fs::directory_iterator(root, ec))
+      if (e.path().filename().string().rfind(".shards-step-", 0) == 0 && e.path() != staging)
+        fs::remove_all(e.path(), ec);
     dir = write_checkpoint(root, st.step, [&](const fs::path& tmp) {
       fs::create_directories(tmp / "model");
       run.model->save((tmp / "model").string(), full);
@@ -342,12 +347,24 @@ void load_sharded(Session& run, AdamW& opt, const fs::path& dir) {
   QRUN_CHECK(old_world > 0 && static_cast<int>(files.size()) == old_world,
              "checkpoint {}: {} of {} rank shards present", dir.string(), files.size(), old_world);
   const int rank = run.env.rank, world = run.comm ? run.comm->world_size() : 1;
-  std::vector<torch::serialize::InputArchive> old(files.size());
-  for (auto& [r, f] : files) old[r].load_from(f.string());
+  // Only the old ranks whose pieces overlap this rank's (each file holds a few GB at scale):
+  // rank q of W held [q S, (q+1) S) of a group of L elements, S = ceil(L / W).
+  std::set<int> needed;
+  for (const auto& p : run.optimized) {
+    const int64_t S_old = (p.full_numel + old_world - 1) / old_world, S_new = p.tensor.numel();
+    const int64_t lo = rank * S_new, hi = std::min((rank + 1) * S_new, p.full_numel);
+    for (int q = 0; q < old_world; ++q)
+      if (std::max(lo, q * S_old) < std::min(hi, (q + 1) * S_old)) needed.insert(q);
+  }
+  if (old_world == world) needed = {rank};
+  if (needed.empty()) needed.insert(0);
+  std::map<int, torch::serialize::InputArchive> old;
+  for (int q : needed) old[q].load_from(files.at(q).string());
+  const int first = *needed.begin();
   std::map<std::string, int64_t> full_numel;  // slot -> L
   for (const auto& p : run.optimized) {
     at::Tensor lay;
-    QRUN_CHECK(old[0].try_read("layout." + p.name, lay),
+    QRUN_CHECK(old[first].try_read("layout." + p.name, lay),
                "checkpoint {} has no shard '{}' (written by another sharding or model?)", dir.string(), p.name);
     QRUN_CHECK(lay[0].item<int64_t>() == p.full_numel,
                "checkpoint {}: shard '{}' covers {} elements, this model's {}", dir.string(), p.name,
@@ -358,7 +375,7 @@ void load_sharded(Session& run, AdamW& opt, const fs::path& dir) {
   auto reshard = [&](const std::string& key, int64_t L, int64_t S_new, c10::ScalarType dt) {
     at::Tensor out = at::zeros({S_new}, at::TensorOptions().dtype(dt));
     const int64_t lo = rank * S_new, hi = std::min((rank + 1) * S_new, L);
-    for (int q = 0; q < old_world; ++q) {
+    for (int q : needed) {
       at::Tensor piece;
       if (!old[q].try_read(key, piece)) return at::Tensor();
       const int64_t S_old = piece.numel(), plo = q * S_old, phi = std::min((q + 1) * S_old, L);
@@ -382,13 +399,13 @@ void load_sharded(Session& run, AdamW& opt, const fs::path& dir) {
       if (key.size() > slot.size() && key.compare(key.size() - slot.size(), slot.size(), slot) == 0 &&
           shape.size() == 1 && key.rfind("adamw.step.", 0) != 0) {
         at::Tensor any;
-        if (!old[0].try_read(key, any)) return at::Tensor();
+        if (!old[first].try_read(key, any)) return at::Tensor();
         return reshard(key, L, shape[0], any.scalar_type());
       }
-    return old[0].try_read(key, t) ? t : at::Tensor();
+    return old[first].try_read(key, t) ? t : at::Tensor();
   });
   at::Tensor rng;
-  if (old[std::min(rank, old_world - 1)].try_read("rng.cpu", rng)) {
+  if (old[first].try_read("rng.cpu", rng)) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     gen.set_state(rng);
   }
@@ -445,7 +462,9 @@ int64_t steps_per_epoch(Session& run, int64_t grad_accum) {
   auto collator = make_component<Collator>(run.recipe, run.registry, "data.collator");
   int64_t batches = 0;
   while (collator->next(*stream)) batches++;
-  return (batches + grad_accum - 1) / grad_accum;
+  // With several ranks the last short step keeps a multiple of the world size, or vanishes.
+  const int64_t world = run.env.world_size, rest = batches % grad_accum;
+  return batches / grad_accum + (rest / world > 0 ? 1 : 0);
 }
 
 }  // namespace
@@ -622,6 +641,10 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
             st.step + 1, std::isfinite(loss) ? "gradient" : "loss", loss, gnorm, ids));
       log_warn("step {}: non-finite loss or gradient, step skipped (samples {})", st.step + 1, ids);
       opt.zero_grad();
+      if (so.stop) {
+        stopped = true;
+        break;
+      }
       continue;
     }
     st.step++;

@@ -7,10 +7,12 @@
 #include <qrun/sdk.h>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
+#include <thread>
 
 namespace qrun {
 namespace {
@@ -19,7 +21,12 @@ class NcclWork final : public CommWork {
  public:
   explicit NcclWork(c10::intrusive_ptr<c10d::Work> w) : w_(std::move(w)) {}
   ~NcclWork() override {
-    if (!waited_) w_->wait();
+    if (waited_) return;
+    try {
+      w_->wait();
+    } catch (const std::exception&) {
+      // The communicator was aborted (a peer died): the error surfaces where it was waited for.
+    }
   }
   void wait() override {
     w_->wait();
@@ -33,7 +40,7 @@ class NcclWork final : public CommWork {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(c10::intrusive_ptr<c10d::TCPStore> store, c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg,
+  NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg,
                    int rank, int world)
       : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), world_(world) {}
   ~NcclCommunicator() override {
@@ -67,10 +74,22 @@ class NcclCommunicator final : public Communicator {
     o.rootRank = root;
     return std::make_unique<NcclWork>(pg_->broadcast(v, o));
   }
-  void barrier() override { pg_->barrier()->wait(); }
+  // Host-side, through the store: ranks meet here around checkpoint I/O (rank 0 writing the whole
+  // model can outlast the collectives' timeout), so this waits up to an hour, not NCCL's watchdog.
+  void barrier() override {
+    const std::string key = fmt::format("qrun/barrier/{}", barrier_seq_++);
+    store_->add(key, 1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);
+    while (store_->add(key, 0) < world_) {
+      QRUN_CHECK(std::chrono::steady_clock::now() < deadline,
+                 "rank {}: not every rank reached barrier {} within an hour", rank_, barrier_seq_ - 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
 
  private:
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  int64_t barrier_seq_ = 0;
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
   int rank_, world_;
 };
@@ -86,13 +105,15 @@ class NcclTransport final : public Transport {
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(env.master_port);
-    o.isServer = env.rank == 0;
-    o.numWorkers = env.world_size;
-    o.waitWorkers = true;
+    // Under torchrun's agent the store exists already: every rank is a client of it.
+    o.isServer = env.rank == 0 && !env.agent_store;
+    o.numWorkers = env.agent_store ? std::nullopt : std::optional<std::size_t>(env.world_size);
+    o.waitWorkers = !env.agent_store;
     o.timeout = timeout;
-    c10::intrusive_ptr<c10d::TCPStore> store;
+    c10::intrusive_ptr<c10d::Store> store;
     try {
-      store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+      store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("qrun/{}", env.restart_count),
+                                                     c10::make_intrusive<c10d::TCPStore>(env.master_addr, o));
     } catch (const std::exception& e) {
       throw UserError(fmt::format("rank {}: rendezvous at {}:{} failed ({}): {}", env.rank, env.master_addr,
                                   env.master_port, env.rank == 0 ? "is the port in use?" : "is rank 0 up?",

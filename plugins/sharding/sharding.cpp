@@ -20,6 +20,7 @@
 
 #include <c10/core/StorageImpl.h>
 
+#include <deque>
 #include <map>
 
 namespace qrun {
@@ -268,8 +269,10 @@ class Fsdp2Sharding final : public Sharding, public UnitHooks {
       }
       units_.push_back(std::move(unit));
     }
-    for (const auto& [n, p] : by_name)
+    for (const auto& [n, p] : by_name) {
       QRUN_CHECK(!p.requires_grad() || owner.count(n), "fsdp2: trainable parameter {} is in no unit of the model", n);
+      if (!p.requires_grad()) frozen_.emplace_back(n, p);  // replicated as the model holds it
+    }
     std::vector<ShardedParam> out;
     for (size_t u = 0; u < units_.size(); ++u) {
       for (size_t gi = 0; gi < units_[u].groups.size(); ++gi) {
@@ -295,17 +298,25 @@ class Fsdp2Sharding final : public Sharding, public UnitHooks {
   }
 
   void before_forward(size_t u) override {
+    if (u == 0) forward_order_.clear();
     free_finished_forward(u);
     gather(u, /*wait=*/true);
     if (u + 1 < units_.size()) gather(u + 1, /*wait=*/false);
   }
   void after_forward(size_t u) override {
+    forward_order_.push_back(u);
     if (reshard_) done_forward_.push_back(u);
   }
   void before_backward(size_t u) override {
-    free_finished_forward(units_.size());
+    free_finished_forward(u);
     gather(u, /*wait=*/true);
-    if (u > 0) gather(u - 1, /*wait=*/false);
+    // The backward visits the units in the reverse of their last use in the forward (with tied
+    // embeddings unit 0 comes first, as the head): prefetch the one after u in that order.
+    for (size_t k = forward_order_.size(); k-- > 1;)
+      if (forward_order_[k] == u) {
+        gather(forward_order_[k - 1], /*wait=*/false);
+        break;
+      }
     for (auto& g : units_[u].groups) {
       if (g.grad_full.defined()) continue;  // already pointed (a unit used twice)
       g.grad_full = at::zeros({g.shard_numel * W_}, g.full.options());
@@ -322,14 +333,8 @@ class Fsdp2Sharding final : public Sharding, public UnitHooks {
       for (size_t gi = 0; gi < units_[u].groups.size(); ++gi)
         if (units_[u].groups[gi].grad_full.defined()) reduce(u, gi);
     for (auto& unit : units_)
-      for (auto& g : unit.groups) {
-        if (g.reduce_work) g.reduce_work->wait();
-        g.reduce_work.reset();
-        if (g.reduce_out.defined()) {
-          accumulate_shard_grad(g);
-          g.reduce_out = at::Tensor();
-        }
-      }
+      for (auto& g : unit.groups) finish_reduce(g);
+    in_flight_.clear();
     for (size_t u = 0; u < units_.size(); ++u) release(u);
   }
 
@@ -350,6 +355,7 @@ class Fsdp2Sharding final : public Sharding, public UnitHooks {
         for (auto& p : g.params) fn(p.name, R_ == 0 ? p.tensor.detach() : at::Tensor());
       release(u);
     }
+    for (const auto& [n, p] : frozen_) fn(n, R_ == 0 ? p.detach() : at::Tensor());
   }
 
   Memory memory_per_rank(double numel, int pb, int sb, bool master, int world) const override {
@@ -436,7 +442,12 @@ class Fsdp2Sharding final : public Sharding, public UnitHooks {
 
   void on_ready(size_t u, size_t gi) {
     Group& g = units_[u].groups[gi];
-    if (!g.grad_full.defined()) return;
+    if (!g.grad_full.defined()) {
+      // A gradient outside a unit's backward hook (not made by the model's units): drop it
+      // rather than keep a full-size .grad around.
+      for (auto& p : g.params) p.tensor.mutable_grad() = at::Tensor();
+      return;
+    }
     if (++g.ready == g.params.size()) {
       reduce(u, gi);
       bool all = true;
@@ -446,19 +457,28 @@ class Fsdp2Sharding final : public Sharding, public UnitHooks {
   }
 
   // Reduce-scatters group gi of unit u into its shard's gradient (asynchronously) and drops the
-  // full gradient buffer.
+  // full gradient buffer. At most kInFlight reductions are pending: the oldest is finished (and
+  // its full-size input freed) before a new one starts, so a backward holds a couple of units'
+  // gradients, not all of them.
+  static constexpr size_t kInFlight = 2;
   void reduce(size_t u, size_t gi) {
     Group& g = units_[u].groups[gi];
-    if (g.reduce_work) {  // a previous micro-batch's reduction: finish it first
-      g.reduce_work->wait();
-      g.reduce_work.reset();
-      accumulate_shard_grad(g);
-    }
+    if (g.reduce_work) finish_reduce(g);  // a previous micro-batch's reduction of this group
+    while (in_flight_.size() >= kInFlight) finish_reduce(*in_flight_.front());  // erases it
     g.reduce_in = reduce_fp32_ && g.grad_full.scalar_type() != at::kDouble ? g.grad_full.to(at::kFloat) : g.grad_full;
     g.reduce_out = at::empty({g.shard_numel}, g.reduce_in.options());
     g.reduce_work = comm_->reduce_scatter_sum(g.reduce_out, g.reduce_in);
+    in_flight_.push_back(&g);
     for (auto& p : g.params) p.tensor.mutable_grad() = at::Tensor();
     g.grad_full = at::Tensor();
+  }
+
+  void finish_reduce(Group& g) {
+    if (!g.reduce_work) return;
+    g.reduce_work->wait();
+    g.reduce_work.reset();
+    accumulate_shard_grad(g);
+    std::erase(in_flight_, &g);
   }
 
   void accumulate_shard_grad(Group& g) {
@@ -474,6 +494,9 @@ class Fsdp2Sharding final : public Sharding, public UnitHooks {
   int W_ = 1, R_ = 0;
   std::vector<Unit> units_;
   std::vector<size_t> done_forward_;
+  std::vector<size_t> forward_order_;   // units in the order of their last use in this forward
+  std::deque<Group*> in_flight_;        // pending reduce-scatters, oldest first
+  std::vector<std::pair<std::string, at::Tensor>> frozen_;  // parameters no unit shards
 };
 
 void register_all(Registrar& r) {

@@ -14,6 +14,7 @@
 #include <qrun/sdk.h>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
@@ -30,7 +31,7 @@ class DoneWork final : public qrun::CommWork {
 
 class StoreCommunicator final : public qrun::Communicator {
  public:
-  StoreCommunicator(c10::intrusive_ptr<c10d::TCPStore> store, int rank, int world)
+  StoreCommunicator(c10::intrusive_ptr<c10d::Store> store, int rank, int world)
       : store_(std::move(store)), rank_(rank), world_(world) {}
   // Rank 0's store serves every rank: it stays up until every rank has said it is done with it.
   // A rank that died never says so: rank 0 waits at most the store's timeout.
@@ -112,7 +113,7 @@ class StoreCommunicator final : public qrun::Communicator {
     return parts;
   }
 
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  c10::intrusive_ptr<c10d::Store> store_;
   int rank_, world_;
   int64_t seq_ = 0;
 };
@@ -126,13 +127,14 @@ class StoreTransport final : public qrun::Transport {
                                               double timeout_s) override {
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(env.master_port);
-    o.isServer = env.rank == 0;
-    o.numWorkers = env.world_size;
-    o.waitWorkers = true;
+    o.isServer = env.rank == 0 && !env.agent_store;
+    o.numWorkers = env.agent_store ? std::nullopt : std::optional<std::size_t>(env.world_size);
+    o.waitWorkers = !env.agent_store;
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-    c10::intrusive_ptr<c10d::TCPStore> store;
+    c10::intrusive_ptr<c10d::Store> store;
     try {
-      store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+      store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("qrun/{}", env.restart_count),
+                                                     c10::make_intrusive<c10d::TCPStore>(env.master_addr, o));
     } catch (const std::exception& e) {
       throw qrun::UserError(fmt::format("test-store: rendezvous at {}:{} failed: {}", env.master_addr,
                                         env.master_port, std::string(e.what()).substr(0, 300)));

@@ -37,6 +37,10 @@ struct DistributedEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string source = "single process";  // "torchrun", "SLURM", "qrun --nproc-per-node"
+  // torchrun's agent already serves the TCPStore on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE):
+  // every rank is a client, under the prefix of the agent's restart count.
+  bool agent_store = false;
+  int restart_count = 0;
   bool distributed() const { return world_size > 1; }
 };
 
