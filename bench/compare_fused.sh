@@ -13,7 +13,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 qrun=${QRUN_BIN:-build/bin/qrun}
 "$qrun" compare recipes/qwen27b_packed.yaml --set model.num_layers=4 --set run.dir=/tmp/qrun-compare \
-  --set sharding=none --set model.activation_checkpointing=none --set train.grad_accum=1 \
+  --set sharding=none --set model.activation_checkpointing=none --set train.grad_accum=1 --set precision.master_weights=false \
   --set train.epochs=1000 --set optimizer.lr=3.0e-4 --set schedule.name=constant --set schedule.warmup_steps=0 \
   --synthetic lengths=fixed,median=4000,count=2 --steps 20 --warmup 0 \
   --set-a kernels.attention=sdpa --set-a kernels.linear_attention=gdn-reference \
@@ -21,7 +21,7 @@ qrun=${QRUN_BIN:-build/bin/qrun}
   --json "$OUT/compare_fused.json"
 rc=$?
 "$qrun" compare recipes/qwen27b_packed.yaml --set model.num_layers=4 --set run.dir=/tmp/qrun-compare-fsdp \
-  --set model.activation_checkpointing=none --set train.grad_accum=1 \
+  --set model.activation_checkpointing=none --set train.grad_accum=1 --set precision.master_weights=false \
   --set train.epochs=1000 --set optimizer.lr=3.0e-4 --set schedule.name=constant --set schedule.warmup_steps=0 \
   --synthetic lengths=fixed,median=4000,count=2 --steps 8 --warmup 0 \
   --set-a sharding=none --set-b sharding=fsdp2 --json "$OUT/compare_fsdp2.json"

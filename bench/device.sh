@@ -20,6 +20,7 @@
 #   compare the fused stage against the reference kernels on one repeated batch, 20 AdamW steps
 #           (bench/compare_fused.sh)
 #   stages  the seed's three stages and the Hugging Face anchor (bench/seed_stages.sh)
+#   flagship the flagship step's shapes S0, S1, S2 with their step profiles (bench/flagship.sh)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ "${1:-}" == "--pack" ]]; then
@@ -101,6 +102,8 @@ fold
 if has compare; then bash "$root/bench/compare_fused.sh" "$OUT" > "$OUT/compare.log" 2>&1; echo "compare rc=$?"; tail -40 "$OUT/compare.log"; fi
 fold
 if has stages; then bash "$root/bench/seed_stages.sh" "$OUT" > "$OUT/stages.log" 2>&1; echo "stages rc=$?"; tail -40 "$OUT/stages.log"; fi
+fold
+if has flagship; then bash "$root/bench/flagship.sh" "$OUT" > "$OUT/flagship.log" 2>&1; echo "flagship rc=$?"; cat "$OUT/flagship.log"; fi
 fold
 if has gdn; then
   for d in "$root"/build-dev/gdn/*/; do

@@ -16,7 +16,7 @@ cd "$root"
 qrun=${QRUN_BIN:-build/bin/qrun}
 W=${SMOKE_WORK:-/tmp/qrun-smoke}; rm -rf "$W"; mkdir -p "$W"
 common=(recipes/qwen27b_packed.yaml --set model.num_layers=4 --set run.dir="$W/run" --set train.grad_accum=1
-  --set sharding=none --set model.activation_checkpointing=none
+  --set sharding=none --set model.activation_checkpointing=none --set precision.master_weights=false
   --set 'data.dataset={plugin: synthetic, lengths: fixed, median: 4000, count: 2}'
   --set train.epochs=1000 --set optimizer.lr=3.0e-4 --set schedule.name=constant
   --set schedule.warmup_steps=0 --set train.log_every=1 --set train.tensorboard=false

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <tuple>
 
 namespace qrun {
@@ -28,7 +29,7 @@ AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOption
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, const at::Tensor& grad_scale, const at::Tensor& found_inf) {
   at::NoGradGuard no_grad;
   // Group by (device, dtype): the fused kernel takes one homogeneous list per call.
   std::map<std::tuple<int, int, int>, std::vector<size_t>> groups;
@@ -50,10 +51,17 @@ void AdamW::step(double lr) {
       v.push_back(s.exp_avg_sq);
       st.push_back(s.step);
     }
-    // The fused kernel reads the step count for bias correction but does not advance it.
+    // The fused kernel reads the step count for bias correction but does not advance it; a
+    // skipped update (found_inf) takes the increment back.
+    auto on = [&](const at::Tensor& t) -> std::optional<at::Tensor> {
+      if (!t.defined()) return std::nullopt;
+      return t.to(p.front().device(), at::kFloat).reshape({});
+    };
+    const std::optional<at::Tensor> scale = on(grad_scale), inf = on(found_inf);
     at::_foreach_add_(st, 1.0);
     at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, st, lr, opt_.beta1, opt_.beta2,
-                      opt_.weight_decay, opt_.eps, /*amsgrad=*/false, /*maximize=*/false);
+                      opt_.weight_decay, opt_.eps, /*amsgrad=*/false, /*maximize=*/false, scale, inf);
+    if (inf) at::_foreach_sub_(st, std::vector<at::Tensor>(st.size(), *inf));
     // Low-precision parameters take their new value from the fp32 masters (one multi-tensor copy).
     std::vector<at::Tensor> to, from;
     for (size_t i : idx) {

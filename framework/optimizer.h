@@ -34,9 +34,14 @@ class AdamW {
   AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions opt);
 
   // One update with learning rate `lr` from the gradients in .grad(); parameters without a
-  // gradient are skipped.
-  void step(double lr);
+  // gradient are skipped. Optional one-element fp32 device tensors, read by the kernel so that no
+  // host read precedes the update: `grad_scale` divides every gradient (gradient clipping passes
+  // max(1, norm / max_norm)); where `found_inf` is nonzero the update is skipped (parameters,
+  // moments and step counts unchanged).
+  void step(double lr, const at::Tensor& grad_scale = {}, const at::Tensor& found_inf = {});
   void zero_grad();
+  // Calls of step(), updates skipped through found_inf included (the per-parameter step counts
+  // in the state count the updates applied).
   int64_t steps_taken() const { return steps_; }
 
   void save(torch::serialize::OutputArchive& ar) const;

@@ -399,28 +399,25 @@ StepOutcome train_step(Session& s, AdamW& opt,
   }
   at::Tensor stats = at::stack({loss_sum, gsq, at::full({}, stop_requested ? 1.0 : 0.0, loss_sum.options())});
   if (s.comm) s.comm->all_reduce_sum(stats)->wait();
+  // Clipping and the non-finite guard stay on the device: the fused AdamW kernel divides the
+  // gradients by max(1, (norm + 1e-6) / clip) (torch's clip_grad_norm_ coefficient) and skips the
+  // update where the loss or the norm is not finite. The step's one host read follows the
+  // optimizer's launch, so the GPU runs from the backward into the update without a gap.
+  if (o.loss_tokens > 0) {
+    at::Tensor found_inf = at::logical_not(at::isfinite(stats.narrow(0, 0, 2)).all()).to(at::kFloat);
+    at::Tensor grad_scale;
+    if (clip > 0) grad_scale = at::clamp_min((stats[1].sqrt() + 1e-6) / clip, 1.0).to(at::kFloat);
+    opt.step(lr, grad_scale, found_inf);
+    if (s.sharding) s.sharding->after_optimizer_step();
+  }
   at::Tensor host = stats.cpu();
   const double* h = host.data_ptr<double>();
   o.loss = o.loss_tokens > 0 ? h[0] / static_cast<double>(o.loss_tokens) : std::nan("");
   o.grad_norm = std::sqrt(h[1]);
   o.stop = h[2] > 0;
-  std::vector<at::Tensor> grads;
-  for (const auto& p : s.optimized)
-    if (p.tensor.grad().defined()) grads.push_back(p.tensor.grad());
-  if (clip > 0 && o.grad_norm > clip && !grads.empty()) {
-    std::map<int, std::vector<at::Tensor>> by;
-    for (auto& g : grads) by[static_cast<int>(g.scalar_type())].push_back(g);
-    for (auto& [dt, gs] : by) at::_foreach_mul_(gs, clip / (o.grad_norm + 1e-6));
-  }
   o.finite = std::isfinite(o.grad_norm) && (o.loss_tokens == 0 || std::isfinite(o.loss));
-  if (o.finite) {
-    if (o.loss_tokens > 0) {
-      opt.step(lr);
-      if (s.sharding) s.sharding->after_optimizer_step();
-    }
-    opt.zero_grad();
-    if (s.device.is_cuda()) torch::cuda::synchronize();
-  }
+  opt.zero_grad();
+  if (s.device.is_cuda()) torch::cuda::synchronize();
   return o;
 }
 

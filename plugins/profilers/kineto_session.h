@@ -19,6 +19,12 @@ namespace kp = torch::autograd::profiler;
 // True while torch-profiler holds the Kineto session (prepared or recording).
 bool& kineto_held_by_torch_profiler();
 
+// True while step-stats traces the current step. Kept here rather than asked of LibTorch:
+// isProfilerEnabledInMainThread() does not see step-stats' CUDA-only session, and preparing a
+// second session while it runs cancels it (seen on the GPU: the step's disableProfiler() then
+// fails with "Can't disable Kineto profiler when it's not running").
+bool& kineto_traced_by_step_stats();
+
 // Whether a CUDA device can be profiled (false on CPU-only machines and builds).
 bool cuda_available();
 

@@ -16,6 +16,11 @@ bool& kineto_held_by_torch_profiler() {
   return held;
 }
 
+bool& kineto_traced_by_step_stats() {
+  static bool traced = false;
+  return traced;
+}
+
 bool cuda_available() { return at::hasCUDA(); }
 
 std::set<torch::profiler::impl::ActivityType> activities(bool cpu, bool cuda) {

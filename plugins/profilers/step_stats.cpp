@@ -38,6 +38,7 @@ StepStats::StepStats(const qrun::Config& c)
 
 StepStats::~StepStats() {
   if (tracing_step_) {
+    kineto_traced_by_step_stats() = false;
     try {
       kp::disableProfiler();
     } catch (...) {
@@ -86,6 +87,7 @@ void StepStats::on_step_begin(int64_t) {
     kp::prepareProfiler(kineto_config(false), acts);
     kp::enableProfiler(kineto_config(false), acts);
     tracing_step_ = true;
+    kineto_traced_by_step_stats() = true;
   }
   // Counting starts last, so the profiler's own set-up is not counted.
   g_ops = 0;
@@ -98,8 +100,17 @@ void StepStats::on_step_end(const qrun::StepRecord& record) {
   cpu_ops_ = static_cast<double>(g_ops.load());
   kernels_ = busy_ = kNa;
   if (tracing_step_) {
-    std::unique_ptr<kp::ProfilerResult> result = kp::disableProfiler();
     tracing_step_ = false;
+    kineto_traced_by_step_stats() = false;
+    // A profiler never ends a training run: a session that another component closed under us
+    // costs this step's GPU numbers (n/a), with a warning.
+    std::unique_ptr<kp::ProfilerResult> result;
+    try {
+      result = kp::disableProfiler();
+    } catch (const c10::Error& e) {
+      qrun::log_warn("step-stats: step {}: the GPU trace was lost ({}); its GPU numbers are n/a",
+                     record.step, e.what_without_backtrace());
+    }
     if (result) {
       std::vector<std::pair<uint64_t, uint64_t>> intervals;
       for (const auto& e : key_events(*result))

@@ -51,7 +51,7 @@ void TorchProfiler::on_run_start(const std::string& run_dir) {
 }
 
 void TorchProfiler::start_recording() {
-  QRUN_CHECK(!kp::isProfilerEnabledInMainThread() || prepared_,
+  QRUN_CHECK((!kp::isProfilerEnabledInMainThread() && !kineto_traced_by_step_stats()) || prepared_,
              "torch-profiler: another profiler session is already running in this process");
   auto acts = activities(true, cuda_available());
   if (!prepared_) kp::prepareProfiler(kineto_config(record_shapes_), acts);
@@ -69,7 +69,7 @@ void TorchProfiler::on_step_begin(int64_t step) {
     // Kineto holds one session per process. When another profiler has one open in this step
     // (step-stats listed before torch-profiler traces each step), preparing now would be undone
     // when that session closes; then only claim the next step, and start_recording() prepares.
-    if (!kp::isProfilerEnabledInMainThread()) {
+    if (!kp::isProfilerEnabledInMainThread() && !kineto_traced_by_step_stats()) {
       kp::prepareProfiler(kineto_config(record_shapes_), activities(true, cuda_available()));
       prepared_ = true;
     }

@@ -2,12 +2,15 @@
 // registry's conflict handling, Config access rules, --set parsing.
 #include "bench.h"
 #include "distributed.h"
+#include "optimizer.h"
 #include "recipe.h"
 #include "registry.h"
 #include "session.h"
 #include "text.h"
 
 #include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
 
 #include <cmath>
 
@@ -201,4 +204,54 @@ TEST(RankShare, BalancedAndComplete) {
     }
   for (size_t i = 0; i < micro.size(); ++i) EXPECT_GE(owner[i], 0) << "batch " << i << " given to no rank";
   for (int r = 0; r < 4; ++r) EXPECT_EQ(load[r], 1000) << "rank " << r;
+}
+
+// AdamW (the fused kernel) against the update written out in fp64, one element at a time: plain
+// steps, the clipping scale it divides the gradients by, and an update skipped through found_inf
+// (nothing moves, the step count included); with fp32 parameters and with bf16 parameters plus
+// fp32 masters.
+TEST(AdamW, MatchesTheFormulaWithGradScaleAndFoundInf) {
+  for (bool master : {false, true}) {
+    const auto dt = master ? at::kBFloat16 : at::kFloat;
+    at::manual_seed(3);
+    at::Tensor p = at::randn({37}, at::kDouble).to(dt).set_requires_grad(true);
+    qrun::AdamWOptions o;
+    o.beta1 = 0.9, o.beta2 = 0.95, o.eps = 1e-8, o.weight_decay = 0.1, o.master_weights = master;
+    qrun::AdamW opt({{"w", p}}, o);
+    std::vector<double> x(37), m(37, 0.0), v(37, 0.0);
+    at::Tensor p0 = p.detach().to(at::kDouble).contiguous();
+    for (int i = 0; i < 37; ++i) x[i] = p0[i].item<double>();
+    int t = 0;
+    const double lr = 1e-2;
+    // (gradient scale, skipped) per step: no scale, clipped by 4, skipped, no scale again.
+    const std::vector<std::pair<double, bool>> plan = {{1.0, false}, {4.0, false}, {2.0, true}, {1.0, false}};
+    for (const auto& [scale, skip] : plan) {
+      at::Tensor g = at::randn({37}, at::kDouble);
+      p.mutable_grad() = g.to(dt);
+      at::Tensor gd = g.to(dt).to(at::kDouble);  // the gradient as the kernel sees it
+      opt.step(lr, scale == 1.0 ? at::Tensor() : at::full({}, scale, at::kFloat),
+               at::full({}, skip ? 1.0 : 0.0, at::kFloat));
+      opt.zero_grad();
+      if (skip) continue;
+      ++t;
+      for (int i = 0; i < 37; ++i) {
+        const double gi = gd[i].item<double>() / scale;
+        x[i] *= 1.0 - lr * o.weight_decay;
+        m[i] = o.beta1 * m[i] + (1 - o.beta1) * gi;
+        v[i] = o.beta2 * v[i] + (1 - o.beta2) * gi * gi;
+        const double mh = m[i] / (1 - std::pow(o.beta1, t)), vh = v[i] / (1 - std::pow(o.beta2, t));
+        x[i] -= lr * mh / (std::sqrt(vh) + o.eps);
+      }
+      if (!master) {  // fp32 parameters: the kernel's result within fp32 rounding of the formula
+        at::Tensor got = p.detach().to(at::kDouble);
+        for (int i = 0; i < 37; ++i) EXPECT_NEAR(got[i].item<double>(), x[i], 2e-6) << "step " << t << " element " << i;
+      }
+    }
+    at::Tensor got = p.detach().to(at::kDouble);
+    // bf16 parameters are rounded fp32 masters: within one bf16 rounding of the formula.
+    for (int i = 0; i < 37; ++i)
+      EXPECT_NEAR(got[i].item<double>(), x[i], master ? std::abs(x[i]) * 4e-3 + 1e-6 : 2e-6)
+          << (master ? "bf16 with masters" : "fp32") << ", element " << i;
+    EXPECT_EQ(opt.steps_taken(), 4);
+  }
 }
