@@ -7,8 +7,10 @@
 # each with every fused backend (recipes/qwen27b_packed.yaml on one GPU: no sharding, bf16
 # parameters without fp32 masters, one micro-batch a step), once without activation checkpointing
 # and once with it on every layer ("+ac"), on the chat-like length mix of `qrun bench --synthetic
-# chat`, with the step profile (--profile). SHAPES picks a subset (default: "S0 S0+ac S2+ac";
-# S1 and S1+ac when the GPU has more than 100 GB). Usage: bench/flagship.sh OUT_DIR
+# chat`, with the step profile (--profile). SHAPES picks a subset (default: "S0 S0+ac S2 S2+ac";
+# S1 and S1+ac when the GPU has more than 100 GB); a "+lt" suffix runs the shape with LibTorch's
+# fused AdamW instead of the fused ops' AdamW step (S0+lt: the optimizer kernel's A/B in one
+# call). Usage: bench/flagship.sh OUT_DIR
 set -uo pipefail
 OUT=${1:?OUT_DIR}; mkdir -p "$OUT"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,15 +21,16 @@ mem_gib=$(( ${mem_gib:-0} / 1024 ))
 default="S0 S0+ac S2 S2+ac"
 (( mem_gib > 100 )) && default="S1 S1+ac S0 S2 S2+ac"
 for shape in ${SHAPES:-$default}; do
-  base=${shape%+ac}
+  base=${shape%+lt}; base=${base%+ac}
   args=(--set sharding=none --set precision.master_weights=false --set train.grad_accum=1)
+  [[ $shape == *+lt ]] && args+=(--set 'kernels.ops.exclude=[adamw_step]')
   case $base in
     S0) args+=(--set model.num_layers=4) ;;
     S1) args+=(--set model.num_layers=8) ;;
     S2) args+=(--set model.preset=2b --set data.collator.tokens_per_batch=16384) ;;
     *) echo "unknown shape $shape"; continue ;;
   esac
-  if [[ $shape == *+ac ]]; then args+=(--set model.activation_checkpointing=full)
+  if [[ $shape == *+ac* ]]; then args+=(--set model.activation_checkpointing=full)
   else args+=(--set model.activation_checkpointing=none); fi
   t0=$(date +%s)
   timeout ${SHAPE_TIMEOUT:-200} "$qrun" bench recipes/qwen27b_packed.yaml "${args[@]}" \

@@ -550,6 +550,43 @@ std::vector<Case> ops_cases(at::Generator& g, bool big, OpTables& tables) {
           });
     }
   }
+  // The optimizer step (not differentiated: the result is the updated parameters, moments and
+  // step counts, one after another). Tensors of awkward sizes cut from one buffer, so that most
+  // start at a misaligned offset and end in a short tile, between sizes of whole 8-element vectors;
+  // on CUDA also a longer list (a [4096, 5120] projection among 299 smaller tensors).
+  // g and m are O(1), v >= 0.25 and lr large, so that every term of the update shows through the
+  // bf16 rounding of the result.
+  std::vector<std::vector<int64_t>> lists = {{1, 7, 4095, 4096, 4097, 8, 65537, 16, 3}};
+  if (big) {
+    std::vector<int64_t> many = {4096 * 5120, 5120};
+    for (int i = 0; i < 298; ++i) many.push_back(1 + (i * 7919) % 20000);
+    lists.push_back(many);
+  }
+  struct Guard {
+    const char* name;
+    double scale, inf;  // scale 0: no grad_scale; inf < 0: no found_inf
+  };
+  for (const auto& sizes : lists)
+    for (Guard gd : {Guard{"", 0, -1}, Guard{", grad_scale 2.5", 2.5, 0}, Guard{", found_inf", 2.5, 1}}) {
+      if (sizes.size() > 100 && gd.inf > 0) continue;
+      int64_t n = 0;
+      for (int64_t k : sizes) n += k;
+      add(fmt::format("adamw_step {} tensors of {} elements{}", sizes.size(), n, gd.name), op::AdamWStep::kName,
+          {{rnd({n}, g), false, false, "params"}, {rnd({n}, g), false, false, "grads"},
+           {rnd({n}, g), false, false, "exp_avgs"}, {rnd({n}, g).abs() + 0.25, false, false, "exp_avg_sqs"}},
+          [sizes, gd, &tables](Component& k, const std::vector<at::Tensor>& x, const SeqInfo&) {
+            at::Tensor P = x[0].clone(), M = x[2].clone(), V = x[3].clone();
+            const auto f32 = x[0].options().dtype(at::kFloat);
+            at::Tensor steps = (at::arange(static_cast<int64_t>(sizes.size()), f32) * 3).remainder(11);
+            std::vector<at::Tensor> ps = P.split_with_sizes(sizes), gs = x[1].split_with_sizes(sizes),
+                                    ms = M.split_with_sizes(sizes), vs = V.split_with_sizes(sizes), st;
+            for (int64_t i = 0; i < steps.numel(); ++i) st.push_back(steps[i]);
+            at::Tensor scale = gd.scale > 0 ? at::full({}, gd.scale, f32) : at::Tensor();
+            at::Tensor inf = gd.inf >= 0 ? at::full({}, gd.inf, f32) : at::Tensor();
+            op_of<op::AdamWStep>(tables, k)(ps, gs, ms, vs, st, 0.3, 0.9, 0.95, 0.1, 1e-8, scale, inf);
+            return at::cat({P, M, V, steps.to(P.scalar_type())});
+          });
+    }
   return cs;
 }
 

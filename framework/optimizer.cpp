@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -58,19 +59,36 @@ void AdamW::step(double lr, const at::Tensor& grad_scale, const at::Tensor& foun
       return t.to(p.front().device(), at::kFloat).reshape({});
     };
     const std::optional<at::Tensor> scale = on(grad_scale), inf = on(found_inf);
+    const bool dense = std::all_of(p.begin(), p.end(), [](const at::Tensor& t) { return t.is_contiguous(); });
+    if (kernel_ && p.front().is_cuda() && dense) {
+      for (auto& t : g) t = t.contiguous();
+      kernel_(p, g, m, v, st, lr, opt_.beta1, opt_.beta2, opt_.weight_decay, opt_.eps,
+              scale.value_or(at::Tensor()), inf.value_or(at::Tensor()));
+      copy_to_params(idx);
+      continue;
+    }
     at::_foreach_add_(st, 1.0);
     at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, st, lr, opt_.beta1, opt_.beta2,
                       opt_.weight_decay, opt_.eps, /*amsgrad=*/false, /*maximize=*/false, scale, inf);
     if (inf) at::_foreach_sub_(st, std::vector<at::Tensor>(st.size(), *inf));
-    // Low-precision parameters take their new value from the fp32 masters (one multi-tensor copy).
-    std::vector<at::Tensor> to, from;
-    for (size_t i : idx) {
-      Slot& s = slots_[i];
-      if (s.master.data_ptr() != s.param.data_ptr()) to.push_back(s.param), from.push_back(s.master);
-    }
-    if (!to.empty()) at::_foreach_copy_(to, from);
+    copy_to_params(idx);
   }
   steps_++;
+}
+
+void AdamW::copy_to_params(const std::vector<size_t>& idx) {
+  // Low-precision parameters take their new value from the fp32 masters (one multi-tensor copy).
+  std::vector<at::Tensor> to, from;
+  for (size_t i : idx) {
+    Slot& s = slots_[i];
+    if (s.master.data_ptr() != s.param.data_ptr()) to.push_back(s.param), from.push_back(s.master);
+  }
+  if (!to.empty()) at::_foreach_copy_(to, from);
+}
+
+void AdamW::use_kernel(op::AdamWStep::Fn fn, std::string provider) {
+  kernel_ = std::move(fn);
+  kernel_name_ = std::move(provider);
 }
 
 void AdamW::zero_grad() {

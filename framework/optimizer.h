@@ -1,10 +1,12 @@
 // framework/optimizer.h - AdamW over a model's parameters and the learning-rate schedules.
 //
-// Why our own wrapper rather than torch::optim::AdamW: the step must be the fused multi-tensor
-// kernel (at::_fused_adamw_, one launch per dtype group on GPU, vectorised on CPU) instead of a
-// per-parameter loop of small ops, we need optional fp32 master weights for bf16 parameters, and
+// Why our own wrapper rather than torch::optim::AdamW: the step must be a fused multi-tensor
+// kernel (at::_fused_adamw_, vectorised on CPU; on CUDA an ops backend's AdamW step where the
+// recipe's backend provides one) instead of a per-parameter loop of small ops, we need optional fp32 master weights for bf16 parameters, and
 // the state must serialise by parameter *name* so checkpoints survive reordering.
 #pragma once
+
+#include <qrun/sdk/ops.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -39,6 +41,11 @@ class AdamW {
   // max(1, norm / max_norm)); where `found_inf` is nonzero the update is skipped (parameters,
   // moments and step counts unchanged).
   void step(double lr, const at::Tensor& grad_scale = {}, const at::Tensor& found_inf = {});
+  // Runs the updates of CUDA parameters with an ops backend's AdamW step (sdk ops.h AdamWStep)
+  // instead of LibTorch's fused kernel. `provider` names it in reports.
+  void use_kernel(op::AdamWStep::Fn fn, std::string provider);
+  // "libtorch _fused_adamw_" or the provider given to use_kernel.
+  const std::string& kernel_name() const { return kernel_name_; }
   void zero_grad();
   // Calls of step(), updates skipped through found_inf included (the per-parameter step counts
   // in the state count the updates applied).
@@ -58,8 +65,12 @@ class AdamW {
     at::Tensor master;  // fp32 copy when master weights are on, else == param
     at::Tensor exp_avg, exp_avg_sq, step;
   };
+  void copy_to_params(const std::vector<size_t>& idx);
+
   std::vector<Slot> slots_;
   AdamWOptions opt_;
+  op::AdamWStep::Fn kernel_;
+  std::string kernel_name_ = "libtorch _fused_adamw_";
   int64_t steps_ = 0;
 };
 

@@ -351,6 +351,15 @@ AdamWOptions Session::adamw_options() const {
   return ao;
 }
 
+void Session::pick_optimizer_kernel(AdamW& opt) const {
+  std::string provider;
+  for (const auto& [op, by] : op_table.providers())
+    if (op == op::AdamWStep::kName) provider = by;
+  if (device.is_cuda() && !provider.empty() && provider != "reference" && op_table.has<op::AdamWStep>())
+    opt.use_kernel(op_table.get<op::AdamWStep>(), fmt::format("{} {}", provider, op::AdamWStep::kName));
+  log_info("optimizer: AdamW, step kernel {}", opt.kernel_name());
+}
+
 StepOutcome train_step(Session& s, AdamW& opt,
                        const std::vector<std::pair<std::string, at::Tensor>>& trainable,
                        const std::vector<Batch>& micro, double clip, double lr, bool stop_requested) {

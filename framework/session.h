@@ -81,6 +81,9 @@ struct Session {
   const char* eval_path() const;
   std::vector<std::pair<std::string, at::Tensor>> trainable_parameters() const;
   AdamWOptions adamw_options() const;
+  // Gives `opt` the AdamW step of the recipe's ops backend when it provides one and the run is on
+  // CUDA (sdk ops.h AdamWStep); else it keeps LibTorch's fused kernel. Logs which.
+  void pick_optimizer_kernel(AdamW& opt) const;
 };
 
 // One optimizer step over `micro` (its micro-batches, CPU tensors):

@@ -663,4 +663,125 @@ void cross_entropy_rows(void* logits, int64_t rows, int64_t V, int64_t ld, DType
   check_launch("cross_entropy_rows");
 }
 
+// ----------------------------------------------------------------------------------------------
+// AdamW (Note [AdamW tiles])
+//
+// Note [AdamW tiles]
+// Every tensor is cut into tiles of kAdamTile elements (its last tile may be short); tiles are
+// numbered across the tensors in order (AdamWTensor::first_tile) and a grid of a few blocks per
+// SM strides over them, each block finding its tile's tensor by binary search over the
+// descriptors (a few hundred to a few thousand: L1/L2 hits). A full tile whose four pointers are
+// 16-byte aligned is read and written in 8-element vectors, two per thread; short or misaligned
+// tiles (a tensor that is a view at an odd offset) go element by element. The step counts are
+// read by the update (t = step + 1) and advanced by a second launch, so that no block sees
+// another's increment.
+
+namespace {
+constexpr int kAdamThreads = 256;
+constexpr int kAdamPerThread = 2;  // 8-element vectors per thread per tile
+constexpr int64_t kAdamTile = static_cast<int64_t>(kAdamThreads) * kAdamPerThread * 8;
+
+struct AdamWTileConst {
+  float step_size, bc2_sqrt, decay;  // lr / (1 - b1^t), sqrt(1 - b2^t), 1 - lr wd
+};
+
+__device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamWArgs& a,
+                                             const AdamWTileConst& c) {
+  p *= c.decay;
+  m = a.beta1 * m + (1.f - a.beta1) * g;
+  v = a.beta2 * v + (1.f - a.beta2) * g * g;
+  p -= c.step_size * m / (sqrtf(v) / c.bc2_sqrt + a.eps);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kAdamThreads)
+    adamw_kernel(AdamWArgs a, const AdamWTensor* __restrict__ ts, int count, int64_t total_tiles) {
+  if (a.found_inf != nullptr && *a.found_inf != 0.f) return;
+  const float scale = a.grad_scale != nullptr ? *a.grad_scale : 1.f;
+  for (int64_t tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (ts[mid].first_tile <= tile) lo = mid;
+      else hi = mid - 1;
+    }
+    const AdamWTensor t = ts[lo];
+    const double step = static_cast<double>(*t.step) + 1.0;
+    AdamWTileConst c;
+    c.step_size = static_cast<float>(static_cast<double>(a.lr) / (1.0 - pow(static_cast<double>(a.beta1), step)));
+    c.bc2_sqrt = static_cast<float>(sqrt(1.0 - pow(static_cast<double>(a.beta2), step)));
+    c.decay = 1.f - a.lr * a.weight_decay;
+    const int64_t off = (tile - t.first_tile) * kAdamTile;
+    const int64_t len = t.n - off < kAdamTile ? t.n - off : kAdamTile;
+    T* p = static_cast<T*>(t.p) + off;
+    const T* g = static_cast<const T*>(t.g) + off;
+    T* m = static_cast<T*>(t.m) + off;
+    T* v = static_cast<T*>(t.v) + off;
+    const bool aligned = ((reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g) |
+                           reinterpret_cast<uintptr_t>(m) | reinterpret_cast<uintptr_t>(v)) & 15) == 0;
+    if (len == kAdamTile && aligned) {
+      float pv[kAdamPerThread][8], gv[kAdamPerThread][8], mv[kAdamPerThread][8], vv[kAdamPerThread][8];
+#pragma unroll
+      for (int k = 0; k < kAdamPerThread; ++k) {
+        const int64_t e = (static_cast<int64_t>(k) * kAdamThreads + threadIdx.x) * 8;
+        vec::load<T, 8>(p + e, pv[k]);
+        vec::load<T, 8>(g + e, gv[k]);
+        vec::load<T, 8>(m + e, mv[k]);
+        vec::load<T, 8>(v + e, vv[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < kAdamPerThread; ++k) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) adamw_update(pv[k][j], gv[k][j] / scale, mv[k][j], vv[k][j], a, c);
+        const int64_t e = (static_cast<int64_t>(k) * kAdamThreads + threadIdx.x) * 8;
+        vec::store<T, 8>(p + e, pv[k]);
+        vec::store<T, 8>(m + e, mv[k]);
+        vec::store<T, 8>(v + e, vv[k]);
+      }
+    } else {
+      for (int64_t e = threadIdx.x; e < len; e += kAdamThreads) {
+        float pe = to_f(p[e]), me = to_f(m[e]), ve = to_f(v[e]);
+        adamw_update(pe, to_f(g[e]) / scale, me, ve, a, c);
+        p[e] = from_f<T>(pe);
+        m[e] = from_f<T>(me);
+        v[e] = from_f<T>(ve);
+      }
+    }
+  }
+}
+
+__global__ void adamw_steps_kernel(const AdamWTensor* __restrict__ ts, int count, const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.f) return;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) *ts[i].step += 1.f;
+}
+
+int sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    sms = 132;
+  return sms;
+}
+}  // namespace
+
+int64_t adamw_tiles(int64_t n) { return (n + kAdamTile - 1) / kAdamTile; }
+
+void adamw_step(const AdamWArgs& a, const AdamWTensor* tensors, int count, int64_t total_tiles,
+                CUstream_st* stream) {
+  if (count < 0 || total_tiles < 0) bad("adamw_step: bad sizes");
+  if (count == 0) return;
+  if (tensors == nullptr) bad("adamw_step: no tensor table");
+  if (total_tiles > 0) {
+    // A few resident blocks per SM (256 threads each) keep enough bytes in flight; more only
+    // adds block scheduling.
+    const int64_t cap = static_cast<int64_t>(sm_count()) * 8;
+    const unsigned blocks = static_cast<unsigned>(total_tiles < cap ? total_tiles : cap);
+    dispatch_t(a.dtype, [&]<typename T>() {
+      adamw_kernel<T><<<blocks, kAdamThreads, 0, stream>>>(a, tensors, count, total_tiles);
+    });
+  }
+  adamw_steps_kernel<<<static_cast<unsigned>((count + 255) / 256 < 64 ? (count + 255) / 256 : 64), 256, 0, stream>>>(
+      tensors, count, a.found_inf);
+  check_launch("adamw_step");
+}
+
 }  // namespace qrun::fops

@@ -1,6 +1,6 @@
 // plugins/fused-ops: the `fused` ops backend (sdk ops.h). Every operation of the reference, each
-// as one CUDA kernel forward and one or two backward (kernels/fused_ops/fused_ops.h), and the
-// fused linear cross-entropy:
+// as one CUDA kernel forward and one or two backward (kernels/fused_ops/fused_ops.h), the fused
+// linear cross-entropy, and the optimizer's AdamW step over all parameters in one launch:
 //     kernels: { ops: fused }                                   # every operation fused
 //     kernels: { ops: {plugin: fused, exclude: [swiglu]} }      # swiglu from the reference
 //
@@ -35,6 +35,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 namespace qrun {
@@ -378,6 +379,66 @@ struct LinearCeFn : public torch::autograd::Function<LinearCeFn> {
 };
 
 // ---------------------------------------------------------------------------------------------
+// AdamW over all the lists in one launch (fused_ops.h, Note [AdamW tiles] in fused_ops.cu). The
+// descriptor table (pointers, sizes, tile offsets: a few KB) goes to the device through a pinned
+// buffer on the current stream; the caching host allocator keeps the buffer until that copy is
+// done, and the device copy is freed in stream order after the launch.
+void adamw_step(const std::vector<at::Tensor>& P, const std::vector<at::Tensor>& G,
+                const std::vector<at::Tensor>& M, const std::vector<at::Tensor>& V,
+                const std::vector<at::Tensor>& S, double lr, double b1, double b2, double wd, double eps,
+                const at::Tensor& grad_scale, const at::Tensor& found_inf) {
+  const char* op = op::AdamWStep::kName;
+  QRUN_CHECK(G.size() == P.size() && M.size() == P.size() && V.size() == P.size() && S.size() == P.size(),
+             "{} {}: lists of {} params, {} grads, {} exp_avgs, {} exp_avg_sqs, {} steps", kName, op, P.size(),
+             G.size(), M.size(), V.size(), S.size());
+  if (P.empty()) return;
+  check_cuda(P[0], op);
+  const at::Device dev = P[0].device();
+  const auto type = P[0].scalar_type();
+  auto scalar = [&](const at::Tensor& t, const char* what) -> const float* {
+    if (!t.defined()) return nullptr;
+    QRUN_CHECK(t.device() == dev && t.scalar_type() == at::kFloat && t.numel() == 1,
+               "{} {}: {} must be one fp32 element on {}, got {} {} elements on {}", kName, op, what, dev.str(),
+               c10::toString(t.scalar_type()), t.numel(), t.device().str());
+    return t.data_ptr<float>();
+  };
+  std::vector<fo::AdamWTensor> table(P.size());
+  int64_t tiles = 0;
+  for (size_t i = 0; i < P.size(); ++i) {
+    for (const at::Tensor* t : {&P[i], &G[i], &M[i], &V[i]})
+      QRUN_CHECK(t->device() == dev && t->scalar_type() == type && t->is_contiguous() && t->numel() == P[i].numel(),
+                 "{} {}: tensor {} must have its param's device ({}), dtype ({}), size ({}) and be contiguous; "
+                 "got {} {} of {} elements{}", kName, op, i, dev.str(), c10::toString(type), P[i].numel(),
+                 t->device().str(), c10::toString(t->scalar_type()), t->numel(),
+                 t->is_contiguous() ? "" : ", not contiguous");
+    scalar(S[i], "a step count");
+    fo::AdamWTensor& d = table[i];
+    d.p = P[i].data_ptr();
+    d.g = G[i].data_ptr();
+    d.m = M[i].data_ptr();
+    d.v = V[i].data_ptr();
+    d.step = S[i].data_ptr<float>();
+    d.n = P[i].numel();
+    d.first_tile = tiles;
+    tiles += fo::adamw_tiles(d.n);
+  }
+  fo::AdamWArgs a;
+  a.dtype = dt(P[0]);
+  a.lr = static_cast<float>(lr);
+  a.beta1 = static_cast<float>(b1);
+  a.beta2 = static_cast<float>(b2);
+  a.weight_decay = static_cast<float>(wd);
+  a.eps = static_cast<float>(eps);
+  a.grad_scale = scalar(grad_scale, "grad_scale");
+  a.found_inf = scalar(found_inf, "found_inf");
+  const c10::cuda::CUDAGuard guard(dev);
+  const int64_t bytes = static_cast<int64_t>(table.size() * sizeof(fo::AdamWTensor));
+  at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  std::memcpy(host.data_ptr(), table.data(), static_cast<size_t>(bytes));
+  at::Tensor on_dev = host.to(dev, /*non_blocking=*/true);
+  fo::adamw_step(a, static_cast<const fo::AdamWTensor*>(on_dev.data_ptr()), static_cast<int>(table.size()), tiles,
+                 stream());
+}
 
 class FusedOps final : public Ops {
  public:
@@ -387,7 +448,7 @@ class FusedOps final : public Ops {
     static const std::set<std::string> known = {op::RmsNorm::kName,      op::AddRmsNorm::kName,
                                                 op::GatedRmsNorm::kName, op::SwiGlu::kName,
                                                 op::SwiGluPacked::kName, op::QkNormRope::kName,
-                                                op::LinearCrossEntropy::kName};
+                                                op::LinearCrossEntropy::kName, op::AdamWStep::kName};
     for (const auto& e : exclude_)
       QRUN_CHECK(known.count(e) > 0, "{}: exclude names '{}', not an operation of the fused ops; they are: {}",
                  c.location("exclude"), e, fmt::join(known, ", "));
@@ -465,6 +526,7 @@ class FusedOps final : public Ops {
           },
           provider);
     }
+    if (want(op::AdamWStep::kName)) t.provide<op::AdamWStep>(adamw_step, provider);
   }
 
  private:
@@ -474,8 +536,8 @@ class FusedOps final : public Ops {
 
 void register_all(Registrar& r) {
   r.add<Ops>(kName,
-             "CUDA norms (with the residual add), gated norm, SwiGLU, q/k norm + RoPE, and the fused "
-             "linear cross-entropy (no [tokens x vocab] logits)",
+             "CUDA norms (with the residual add), gated norm, SwiGLU, q/k norm + RoPE, the fused "
+             "linear cross-entropy (no [tokens x vocab] logits) and AdamW in one launch",
              Schema{Field::integer("loss_chunk_tokens", 0)
                         .min(0)
                         .doc("rows of the fused loss per chunk; 0: as many as make 1 GiB of logits"),

@@ -24,6 +24,7 @@
 #include <qrun/sdk/plugin.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -361,6 +362,31 @@ class ReferenceOps final : public Ops {
           return at::cross_entropy_loss(logits, targets, {}, at::Reduction::Sum, kIgnoreIndex);
         },
         provider);
+    // AdamW as the formula reads (ops.h), one tensor at a time, in at least fp32; host reads of
+    // the step counts and found_inf are fine for a judge.
+    t.provide<op::AdamWStep>(
+        [](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+           const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+           const std::vector<at::Tensor>& steps, double lr, double b1, double b2, double wd, double eps,
+           const at::Tensor& grad_scale, const at::Tensor& found_inf) {
+          at::NoGradGuard no_grad;
+          if (found_inf.defined() && found_inf.item<double>() != 0) return;
+          for (size_t i = 0; i < params.size(); ++i) {
+            const auto acc = acc_dtype(params[i]);
+            at::Tensor g = grads[i].to(acc);
+            if (grad_scale.defined()) g = g / grad_scale.to(acc);
+            const double step = steps[i].item<double>() + 1;
+            at::Tensor p = params[i].to(acc) * (1 - lr * wd);
+            at::Tensor m = exp_avgs[i].to(acc) * b1 + g * (1 - b1);
+            at::Tensor v = exp_avg_sqs[i].to(acc) * b2 + g * g * (1 - b2);
+            p = p - (lr / (1 - std::pow(b1, step))) * m / (v.sqrt() / std::sqrt(1 - std::pow(b2, step)) + eps);
+            params[i].copy_(p);
+            exp_avgs[i].copy_(m);
+            exp_avg_sqs[i].copy_(v);
+            steps[i].fill_(step);
+          }
+        },
+        provider);
   }
 };
 
@@ -374,7 +400,7 @@ void register_all(Registrar& r) {
       [](const Config& c) { return std::make_unique<GdnReference>(c.get_int("chunk_size")); });
   r.add<Conv1d>("conv-reference", "reference causal depthwise conv1d (+SiLU), reset per sample",
                 Schema{}, [](const Config&) { return std::make_unique<ConvReference>(); });
-  r.add<Ops>("reference", "reference norms, gated norm, SwiGLU, q/k norm + RoPE and cross-entropy (fp32 stats)",
+  r.add<Ops>("reference", "reference norms, gated norm, SwiGLU, q/k norm + RoPE, cross-entropy (fp32 stats) and the AdamW formula",
              Schema{}, [](const Config&) { return std::make_unique<ReferenceOps>(); });
 }
 

@@ -1,7 +1,8 @@
 // tests/model/test_kernels.cpp - the reference backends against independent oracles:
 // gdn-reference (chunked) vs a token-loop recurrence of the gated delta rule (spec section 2.5),
 // conv-reference vs an explicit tap loop, ops/reference (norms, gated norm, SwiGLU, the fused
-// linear cross-entropy) vs scalar fp64 formulas and their central finite differences; packed == each sample alone == padded for every
+// linear cross-entropy) vs scalar fp64 formulas and their central finite differences, the
+// reference AdamW step vs LibTorch's fused AdamW; packed == each sample alone == padded for every
 // reference kind (via `qrun check`, framework/check.cpp), and a deliberately leaky backend fails
 // the check, also when only a `qrun check --set` setting makes it leak.
 #include "check.h"
@@ -280,6 +281,45 @@ TEST(ReferenceKernels, OpsMatchFp64Formulas) {
         }
         return Flat{loss};
       });
+}
+
+// The reference AdamW step (the formula, one tensor at a time) against LibTorch's fused AdamW,
+// which the host runs when the recipe's ops backend has no step of its own: fp32, three tensors,
+// four steps with a gradient scale, a skipped step (found_inf) and weight decay.
+TEST(ReferenceKernels, AdamWStepMatchesLibTorchsFusedAdamW) {
+  at::manual_seed(5);
+  auto ops_backend = registry().create<Ops>("reference", Config("k", {}));
+  OpTable ops;
+  ops_backend->provide(ops, "reference");
+  const std::vector<int64_t> sizes = {1, 33, 130};
+  std::vector<at::Tensor> p, m, v, st, p2, m2, v2, st2;
+  for (int64_t n : sizes) {
+    p.push_back(at::randn({n}));
+    m.push_back(at::zeros({n}));
+    v.push_back(at::zeros({n}));
+    st.push_back(at::zeros({}));
+    p2.push_back(p.back().clone());
+    m2.push_back(at::zeros({n}));
+    v2.push_back(at::zeros({n}));
+    st2.push_back(at::zeros({}));
+  }
+  const double lr = 3e-2, b1 = 0.9, b2 = 0.95, wd = 0.1, eps = 1e-8;
+  for (const auto& [scale, inf] : std::vector<std::pair<double, double>>{{1, 0}, {2.5, 0}, {2.5, 1}, {4, 0}}) {
+    std::vector<at::Tensor> g;
+    for (int64_t n : sizes) g.push_back(at::randn({n}));
+    const at::Tensor s = at::full({}, scale, at::kFloat), f = at::full({}, inf, at::kFloat);
+    ops.get<op::AdamWStep>()(p, g, m, v, st, lr, b1, b2, wd, eps, s, f);
+    at::_foreach_add_(st2, 1.0);
+    at::_fused_adamw_(p2, g, m2, v2, {}, st2, lr, b1, b2, wd, eps, false, false, s, f);
+    at::_foreach_sub_(st2, std::vector<at::Tensor>(st2.size(), f));
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_TRUE(at::allclose(p[i], p2[i], 1e-5, 1e-6)) << "params " << i << ": " << (p[i] - p2[i]).abs().max().item<double>();
+    EXPECT_TRUE(at::allclose(m[i], m2[i], 1e-5, 1e-7)) << "exp_avg " << i;
+    EXPECT_TRUE(at::allclose(v[i], v2[i], 1e-5, 1e-8)) << "exp_avg_sq " << i;
+    EXPECT_EQ(st[i].item<float>(), 3.f) << "step count " << i << " (one of four steps skipped)";
+    EXPECT_EQ(st2[i].item<float>(), 3.f);
+  }
 }
 
 TEST(ReferenceKernels, CheckPassesForEveryReference) {

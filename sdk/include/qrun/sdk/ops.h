@@ -108,6 +108,29 @@ struct LinearCrossEntropy {
                                       const at::Tensor& targets)>;
 };
 
+// The optimizer step the host runs after the backward (not called by models): AdamW over lists
+// of tensors, in place. Per i, params[i], grads[i], exp_avgs[i], exp_avg_sqs[i] contiguous, of
+// one size and one dtype (every i the same dtype); steps[i] a 0-dim fp32 count on their device.
+// grad_scale, found_inf: optional 0-dim fp32 tensors on that device, read by the kernel (no host
+// read). Where found_inf is nonzero nothing changes. Otherwise, in at least fp32, with
+// t = steps[i] + 1 and g = grads[i] / grad_scale (1 when undefined):
+//   p = p (1 - lr wd);  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//   p = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps);  steps[i] = t
+// (LibTorch's AdamW). The host uses a backend's step when the recipe's ops backend provides one,
+// else LibTorch's fused multi-tensor kernel; the reference's is the formula, for `qrun check`.
+struct AdamWStep {
+  static constexpr const char* kName = "adamw_step";
+  static constexpr const char* kSig =
+      "()(Tensor[] params, Tensor[] grads, Tensor[] exp_avgs, Tensor[] exp_avg_sqs, Tensor[] steps, "
+      "float lr, float beta1, float beta2, float weight_decay, float eps, Tensor grad_scale, Tensor found_inf)";
+  using Fn = std::function<void(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                                const std::vector<at::Tensor>& exp_avgs,
+                                const std::vector<at::Tensor>& exp_avg_sqs,
+                                const std::vector<at::Tensor>& steps, double lr, double beta1,
+                                double beta2, double weight_decay, double eps,
+                                const at::Tensor& grad_scale, const at::Tensor& found_inf)>;
+};
+
 }  // namespace op
 
 // The operations a model may call, each with the backend that provides it (Note [Ops per
