@@ -247,7 +247,7 @@ json bench_recipe(const Recipe& r, const Registry& reg, const BenchOptions& bo, 
   const auto trainable = s.trainable_parameters();
   const AdamWOptions ao = s.adamw_options();
   AdamW opt(trainable, ao);
-  s.pick_optimizer_kernel(opt);
+  s.pick_step_kernels(opt);
   const int64_t grad_accum = train.get_int("grad_accum");
   const double clip = train.get_float("clip_grad_norm");
   const Config& sched = r.section("schedule");
@@ -387,7 +387,8 @@ json bench_recipe(const Recipe& r, const Registry& reg, const BenchOptions& bo, 
                    {"linear_attention", component_name(r, "kernels.linear_attention")},
                    {"conv1d", component_name(r, "kernels.conv1d")},
                    {"ops", component_name(r, "kernels.ops")},
-                   {"optimizer_step", opt.kernel_name()}}},
+                   {"optimizer_step", opt.kernel_name()},
+                   {"grad_norm", s.square_sum_name}}},
       {"data", {{"dataset", component_name(r, "data.dataset")}, {"collator", component_name(r, "data.collator")},
                 {"synthetic", bo.synthetic.empty() ? json(nullptr) : json(bo.synthetic)}}},
       {"precision", {{"param", r.section("precision").get_string("param")},

@@ -587,6 +587,16 @@ std::vector<Case> ops_cases(at::Generator& g, bool big, OpTables& tables) {
             return at::cat({P, M, V, steps.to(P.scalar_type())});
           });
     }
+  // The gradient norm's square sum over the same awkward lists (fp64 result).
+  for (const auto& sizes : lists) {
+    int64_t n = 0;
+    for (int64_t k : sizes) n += k;
+    add(fmt::format("square_sum {} tensors of {} elements", sizes.size(), n), op::SquareSum::kName,
+        {{rnd({n}, g), false, false, "tensors"}},
+        [sizes, &tables](Component& k, const std::vector<at::Tensor>& x, const SeqInfo&) {
+          return op_of<op::SquareSum>(tables, k)(x[0].split_with_sizes(sizes)).reshape({1});
+        });
+  }
   return cs;
 }
 

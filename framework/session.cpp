@@ -351,13 +351,21 @@ AdamWOptions Session::adamw_options() const {
   return ao;
 }
 
-void Session::pick_optimizer_kernel(AdamW& opt) const {
-  std::string provider;
-  for (const auto& [op, by] : op_table.providers())
-    if (op == op::AdamWStep::kName) provider = by;
-  if (device.is_cuda() && !provider.empty() && provider != "reference" && op_table.has<op::AdamWStep>())
-    opt.use_kernel(op_table.get<op::AdamWStep>(), fmt::format("{} {}", provider, op::AdamWStep::kName));
-  log_info("optimizer: AdamW, step kernel {}", opt.kernel_name());
+void Session::pick_step_kernels(AdamW& opt) {
+  std::map<std::string, std::string> by;
+  for (const auto& [op, provider] : op_table.providers()) by[op] = provider;
+  auto backend_of = [&](const char* op) -> std::string {
+    auto it = by.find(op);
+    return device.is_cuda() && it != by.end() && it->second != "reference" ? it->second : std::string();
+  };
+  const std::string step = backend_of(op::AdamWStep::kName), norm = backend_of(op::SquareSum::kName);
+  if (!step.empty() && op_table.has<op::AdamWStep>())
+    opt.use_kernel(op_table.get<op::AdamWStep>(), fmt::format("{} {}", step, op::AdamWStep::kName));
+  if (!norm.empty() && op_table.has<op::SquareSum>()) {
+    square_sum = op_table.get<op::SquareSum>();
+    square_sum_name = fmt::format("{} {}", norm, op::SquareSum::kName);
+  }
+  log_info("optimizer: AdamW, step kernel {}; gradient norm {}", opt.kernel_name(), square_sum_name);
 }
 
 StepOutcome train_step(Session& s, AdamW& opt,
@@ -403,8 +411,14 @@ StepOutcome train_step(Session& s, AdamW& opt,
       if (p.tensor.grad().defined())
         groups[{static_cast<int>(p.tensor.grad().scalar_type()), 0}].push_back(p.tensor.grad());
     gsq = at::zeros({}, loss_sum.options());
-    for (auto& [key, gs] : groups)
-      gsq = gsq + at::stack(at::_foreach_norm(gs, 2, at::kDouble)).to(loss_sum.device()).pow(2).sum();
+    for (auto& [key, gs] : groups) {
+      if (s.square_sum && gs.front().is_cuda()) {
+        for (auto& g : gs) g = g.contiguous();
+        gsq = gsq + s.square_sum(gs).to(loss_sum.device());
+      } else {
+        gsq = gsq + at::stack(at::_foreach_norm(gs, 2, at::kDouble)).to(loss_sum.device()).pow(2).sum();
+      }
+    }
   }
   at::Tensor stats = at::stack({loss_sum, gsq, at::full({}, stop_requested ? 1.0 : 0.0, loss_sum.options())});
   if (s.comm) s.comm->all_reduce_sum(stats)->wait();

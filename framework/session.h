@@ -81,9 +81,12 @@ struct Session {
   const char* eval_path() const;
   std::vector<std::pair<std::string, at::Tensor>> trainable_parameters() const;
   AdamWOptions adamw_options() const;
-  // Gives `opt` the AdamW step of the recipe's ops backend when it provides one and the run is on
-  // CUDA (sdk ops.h AdamWStep); else it keeps LibTorch's fused kernel. Logs which.
-  void pick_optimizer_kernel(AdamW& opt) const;
+  // The step's optimizer kernels from the recipe's ops backend where it provides them and the
+  // run is on CUDA (sdk ops.h AdamWStep and SquareSum): `opt` gets the AdamW step, `square_sum`
+  // is set for the gradient norm; else LibTorch's fused AdamW and _foreach_norm. Logs which.
+  void pick_step_kernels(AdamW& opt);
+  op::SquareSum::Fn square_sum;  // empty: LibTorch's _foreach_norm
+  std::string square_sum_name = "libtorch _foreach_norm";
 };
 
 // One optimizer step over `micro` (its micro-batches, CPU tensors):

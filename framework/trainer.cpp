@@ -492,7 +492,7 @@ int train(const Recipe& r, const Registry& reg, bool resume) {
   const auto trainable = run.trainable_parameters();
   const AdamWOptions ao = run.adamw_options();
   AdamW opt(trainable, ao);
-  run.pick_optimizer_kernel(opt);
+  run.pick_step_kernels(opt);
 
   ModelSummary ms = run.model->summary();
   log_info("model: {} on {}", ms.description, run.device.str());

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -664,7 +665,7 @@ void cross_entropy_rows(void* logits, int64_t rows, int64_t V, int64_t ld, DType
 }
 
 // ----------------------------------------------------------------------------------------------
-// AdamW (Note [AdamW tiles])
+// AdamW and the square sum over lists of tensors (Note [AdamW tiles])
 //
 // Note [AdamW tiles]
 // Every tensor is cut into tiles of kAdamTile elements (its last tile may be short); tiles are
@@ -693,19 +694,25 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
   p -= c.step_size * m / (sqrtf(v) / c.bc2_sqrt + a.eps);
 }
 
+// The descriptor holding `tile`: the last one whose first_tile <= tile.
+template <typename D>
+__device__ __forceinline__ D tile_owner(const D* __restrict__ ts, int count, int64_t tile) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (ts[mid].first_tile <= tile) lo = mid;
+    else hi = mid - 1;
+  }
+  return ts[lo];
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kAdamThreads)
     adamw_kernel(AdamWArgs a, const AdamWTensor* __restrict__ ts, int count, int64_t total_tiles) {
   if (a.found_inf != nullptr && *a.found_inf != 0.f) return;
   const float scale = a.grad_scale != nullptr ? *a.grad_scale : 1.f;
   for (int64_t tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-    int lo = 0, hi = count - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (ts[mid].first_tile <= tile) lo = mid;
-      else hi = mid - 1;
-    }
-    const AdamWTensor t = ts[lo];
+    const AdamWTensor t = tile_owner(ts, count, tile);
     const double step = static_cast<double>(*t.step) + 1.0;
     AdamWTileConst c;
     c.step_size = static_cast<float>(static_cast<double>(a.lr) / (1.0 - pow(static_cast<double>(a.beta1), step)));
@@ -755,15 +762,97 @@ __global__ void adamw_steps_kernel(const AdamWTensor* __restrict__ ts, int count
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) *ts[i].step += 1.f;
 }
 
+// Square sum: each block sums its tiles (fp32 squares of 8 elements, then fp64), block-reduces
+// in a fixed order and writes one partial; one block then sums the partials in a fixed order.
+constexpr int kSumBlocksMax = 2048;
+
+__device__ __forceinline__ double block_sum_f64(double v) {
+  __shared__ double red[kAdamThreads / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  if (l == 0) red[w] = v;
+  __syncthreads();
+  v = l < kAdamThreads / 32 ? red[l] : 0.0;
+  if (w == 0) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  }
+  return v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kAdamThreads)
+    square_sum_kernel(const SumTensor* __restrict__ ts, int count, int64_t total_tiles, double* partials) {
+  double acc = 0.0;
+  for (int64_t tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+    const SumTensor t = tile_owner(ts, count, tile);
+    const int64_t off = (tile - t.first_tile) * kAdamTile;
+    const int64_t len = t.n - off < kAdamTile ? t.n - off : kAdamTile;
+    const T* x = static_cast<const T*>(t.p) + off;
+    if (len == kAdamTile && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+#pragma unroll
+      for (int k = 0; k < kAdamPerThread; ++k) {
+        float xv[8];
+        vec::load<T, 8>(x + (static_cast<int64_t>(k) * kAdamThreads + threadIdx.x) * 8, xv);
+        float s8 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s8 += xv[j] * xv[j];
+        acc += s8;
+      }
+    } else {
+      for (int64_t e = threadIdx.x; e < len; e += kAdamThreads) {
+        const double v = to_f(x[e]);
+        acc += v * v;
+      }
+    }
+  }
+  acc = block_sum_f64(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+__global__ void __launch_bounds__(kAdamThreads) sum_partials_kernel(const double* partials, int n, double* out) {
+  double acc = 0.0;
+  for (int i = threadIdx.x; i < n; i += kAdamThreads) acc += partials[i];
+  acc = block_sum_f64(acc);
+  if (threadIdx.x == 0) *out = acc;
+}
+
 int sm_count() {
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     sms = 132;
   return sms;
 }
+
+// A few resident blocks per SM (256 threads each) keep enough bytes in flight; more only adds
+// block scheduling.
+unsigned list_blocks(int64_t total_tiles) {
+  const int64_t cap = std::min<int64_t>(static_cast<int64_t>(sm_count()) * 8, kSumBlocksMax);
+  return static_cast<unsigned>(total_tiles < cap ? (total_tiles > 0 ? total_tiles : 1) : cap);
+}
 }  // namespace
 
-int64_t adamw_tiles(int64_t n) { return (n + kAdamTile - 1) / kAdamTile; }
+int64_t list_tiles(int64_t n) { return (n + kAdamTile - 1) / kAdamTile; }
+
+size_t square_sum_workspace_bytes() { return kSumBlocksMax * sizeof(double); }
+
+void square_sum(DType dtype, const SumTensor* tensors, int count, int64_t total_tiles, double* out,
+                void* workspace, CUstream_st* stream) {
+  if (count < 0 || total_tiles < 0) bad("square_sum: bad sizes");
+  if (out == nullptr || workspace == nullptr || (count > 0 && tensors == nullptr)) bad("square_sum: missing pointers");
+  auto* partials = static_cast<double*>(workspace);
+  const unsigned blocks = list_blocks(total_tiles);
+  if (count == 0 || total_tiles == 0) {
+    sum_partials_kernel<<<1, kAdamThreads, 0, stream>>>(partials, 0, out);
+  } else {
+    dispatch_t(dtype, [&]<typename T>() {
+      square_sum_kernel<T><<<blocks, kAdamThreads, 0, stream>>>(tensors, count, total_tiles, partials);
+    });
+    sum_partials_kernel<<<1, kAdamThreads, 0, stream>>>(partials, static_cast<int>(blocks), out);
+  }
+  check_launch("square_sum");
+}
 
 void adamw_step(const AdamWArgs& a, const AdamWTensor* tensors, int count, int64_t total_tiles,
                 CUstream_st* stream) {
@@ -771,10 +860,7 @@ void adamw_step(const AdamWArgs& a, const AdamWTensor* tensors, int count, int64
   if (count == 0) return;
   if (tensors == nullptr) bad("adamw_step: no tensor table");
   if (total_tiles > 0) {
-    // A few resident blocks per SM (256 threads each) keep enough bytes in flight; more only
-    // adds block scheduling.
-    const int64_t cap = static_cast<int64_t>(sm_count()) * 8;
-    const unsigned blocks = static_cast<unsigned>(total_tiles < cap ? total_tiles : cap);
+    const unsigned blocks = list_blocks(total_tiles);
     dispatch_t(a.dtype, [&]<typename T>() {
       adamw_kernel<T><<<blocks, kAdamThreads, 0, stream>>>(a, tensors, count, total_tiles);
     });

@@ -118,7 +118,7 @@ struct AdamWTensor {
   void* v = nullptr;
   float* step = nullptr;
   int64_t n = 0;
-  int64_t first_tile = 0;  // tiles of the tensors before this one (sum of adamw_tiles(n))
+  int64_t first_tile = 0;  // tiles of the tensors before this one (sum of list_tiles(n))
 };
 struct AdamWArgs {
   DType dtype = DType::BF16;
@@ -126,10 +126,24 @@ struct AdamWArgs {
   const float* grad_scale = nullptr;  // device scalar dividing every gradient; null: 1
   const float* found_inf = nullptr;   // device scalar; nonzero: no update, no step advanced
 };
-int64_t adamw_tiles(int64_t n);
+// Tiles of a tensor of n elements in the multi-tensor kernels (AdamW, square_sum).
+int64_t list_tiles(int64_t n);
 // `tensors`: a DEVICE array of `count` descriptors in tile order; total_tiles = the last one's
-// first_tile + adamw_tiles(n).
+// first_tile + list_tiles(n).
 void adamw_step(const AdamWArgs& a, const AdamWTensor* tensors, int count, int64_t total_tiles,
                 CUstream_st* stream);
+
+// The sum of squares of every element of a list of tensors (the gradient norm before clipping),
+// in fp64, deterministic for a given GPU (fixed grid, fixed order). Why by hand: LibTorch's
+// _foreach_norm is again one launch per 20 M elements plus the per-tensor norms' sum.
+struct SumTensor {
+  const void* p = nullptr;
+  int64_t n = 0;
+  int64_t first_tile = 0;
+};
+size_t square_sum_workspace_bytes();
+// `tensors`: a DEVICE array as for adamw_step; `out`: one fp64 on the device.
+void square_sum(DType dtype, const SumTensor* tensors, int count, int64_t total_tiles, double* out,
+                void* workspace, CUstream_st* stream);
 
 }  // namespace qrun::fops

@@ -1,6 +1,7 @@
 // plugins/fused-ops: the `fused` ops backend (sdk ops.h). Every operation of the reference, each
 // as one CUDA kernel forward and one or two backward (kernels/fused_ops/fused_ops.h), the fused
-// linear cross-entropy, and the optimizer's AdamW step over all parameters in one launch:
+// linear cross-entropy, and the optimizer's AdamW step and the gradient norm's square sum over all
+// parameters in one launch each:
 //     kernels: { ops: fused }                                   # every operation fused
 //     kernels: { ops: {plugin: fused, exclude: [swiglu]} }      # swiglu from the reference
 //
@@ -379,10 +380,42 @@ struct LinearCeFn : public torch::autograd::Function<LinearCeFn> {
 };
 
 // ---------------------------------------------------------------------------------------------
-// AdamW over all the lists in one launch (fused_ops.h, Note [AdamW tiles] in fused_ops.cu). The
-// descriptor table (pointers, sizes, tile offsets: a few KB) goes to the device through a pinned
-// buffer on the current stream; the caching host allocator keeps the buffer until that copy is
-// done, and the device copy is freed in stream order after the launch.
+// AdamW and the square sum over lists of tensors, each in one launch (fused_ops.h, Note [AdamW
+// tiles] in fused_ops.cu). The descriptor table (pointers, sizes, tile offsets: a few KB) goes to
+// the device through a pinned buffer on the current stream; the caching host allocator keeps the
+// buffer until that copy is done, and the device copy is freed in stream order after the launch.
+template <class D>
+at::Tensor upload(const std::vector<D>& table, const at::Device& dev) {
+  const int64_t bytes = static_cast<int64_t>(table.size() * sizeof(D));
+  at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  std::memcpy(host.data_ptr(), table.data(), static_cast<size_t>(bytes));
+  return host.to(dev, /*non_blocking=*/true);
+}
+
+at::Tensor square_sum(const std::vector<at::Tensor>& X) {
+  const char* op = op::SquareSum::kName;
+  QRUN_CHECK(!X.empty(), "{} {}: no tensors", kName, op);
+  check_cuda(X[0], op);
+  const at::Device dev = X[0].device();
+  std::vector<fo::SumTensor> table(X.size());
+  int64_t tiles = 0;
+  for (size_t i = 0; i < X.size(); ++i) {
+    QRUN_CHECK(X[i].device() == dev && X[i].scalar_type() == X[0].scalar_type() && X[i].is_contiguous(),
+               "{} {}: tensor {} is {} {}{}; the first is {} {} (one device and dtype, contiguous)", kName, op, i,
+               c10::toString(X[i].scalar_type()), X[i].device().str(), X[i].is_contiguous() ? "" : ", not contiguous",
+               c10::toString(X[0].scalar_type()), dev.str());
+    table[i] = fo::SumTensor{X[i].data_ptr(), X[i].numel(), tiles};
+    tiles += fo::list_tiles(X[i].numel());
+  }
+  const c10::cuda::CUDAGuard guard(dev);
+  at::Tensor on_dev = upload(table, dev);
+  at::Tensor ws = at::empty({static_cast<int64_t>(fo::square_sum_workspace_bytes())}, X[0].options().dtype(at::kByte));
+  at::Tensor out = at::empty({}, X[0].options().dtype(at::kDouble));
+  fo::square_sum(dt(X[0]), static_cast<const fo::SumTensor*>(on_dev.data_ptr()), static_cast<int>(table.size()), tiles,
+                 out.data_ptr<double>(), ws.data_ptr(), stream());
+  return out;
+}
+
 void adamw_step(const std::vector<at::Tensor>& P, const std::vector<at::Tensor>& G,
                 const std::vector<at::Tensor>& M, const std::vector<at::Tensor>& V,
                 const std::vector<at::Tensor>& S, double lr, double b1, double b2, double wd, double eps,
@@ -420,7 +453,7 @@ void adamw_step(const std::vector<at::Tensor>& P, const std::vector<at::Tensor>&
     d.step = S[i].data_ptr<float>();
     d.n = P[i].numel();
     d.first_tile = tiles;
-    tiles += fo::adamw_tiles(d.n);
+    tiles += fo::list_tiles(d.n);
   }
   fo::AdamWArgs a;
   a.dtype = dt(P[0]);
@@ -432,10 +465,7 @@ void adamw_step(const std::vector<at::Tensor>& P, const std::vector<at::Tensor>&
   a.grad_scale = scalar(grad_scale, "grad_scale");
   a.found_inf = scalar(found_inf, "found_inf");
   const c10::cuda::CUDAGuard guard(dev);
-  const int64_t bytes = static_cast<int64_t>(table.size() * sizeof(fo::AdamWTensor));
-  at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-  std::memcpy(host.data_ptr(), table.data(), static_cast<size_t>(bytes));
-  at::Tensor on_dev = host.to(dev, /*non_blocking=*/true);
+  at::Tensor on_dev = upload(table, dev);
   fo::adamw_step(a, static_cast<const fo::AdamWTensor*>(on_dev.data_ptr()), static_cast<int>(table.size()), tiles,
                  stream());
 }
@@ -448,7 +478,8 @@ class FusedOps final : public Ops {
     static const std::set<std::string> known = {op::RmsNorm::kName,      op::AddRmsNorm::kName,
                                                 op::GatedRmsNorm::kName, op::SwiGlu::kName,
                                                 op::SwiGluPacked::kName, op::QkNormRope::kName,
-                                                op::LinearCrossEntropy::kName, op::AdamWStep::kName};
+                                                op::LinearCrossEntropy::kName, op::AdamWStep::kName,
+                                                op::SquareSum::kName};
     for (const auto& e : exclude_)
       QRUN_CHECK(known.count(e) > 0, "{}: exclude names '{}', not an operation of the fused ops; they are: {}",
                  c.location("exclude"), e, fmt::join(known, ", "));
@@ -527,6 +558,7 @@ class FusedOps final : public Ops {
           provider);
     }
     if (want(op::AdamWStep::kName)) t.provide<op::AdamWStep>(adamw_step, provider);
+    if (want(op::SquareSum::kName)) t.provide<op::SquareSum>(square_sum, provider);
   }
 
  private:
@@ -537,7 +569,8 @@ class FusedOps final : public Ops {
 void register_all(Registrar& r) {
   r.add<Ops>(kName,
              "CUDA norms (with the residual add), gated norm, SwiGLU, q/k norm + RoPE, the fused "
-             "linear cross-entropy (no [tokens x vocab] logits) and AdamW in one launch",
+             "linear cross-entropy (no [tokens x vocab] logits), and AdamW and the gradient norm's "
+             "square sum over all parameters in one launch each",
              Schema{Field::integer("loss_chunk_tokens", 0)
                         .min(0)
                         .doc("rows of the fused loss per chunk; 0: as many as make 1 GiB of logits"),

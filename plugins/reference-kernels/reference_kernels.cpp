@@ -362,6 +362,14 @@ class ReferenceOps final : public Ops {
           return at::cross_entropy_loss(logits, targets, {}, at::Reduction::Sum, kIgnoreIndex);
         },
         provider);
+    t.provide<op::SquareSum>(
+        [](const std::vector<at::Tensor>& ts) {
+          at::Tensor sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(
+                                             ts.empty() ? at::Device(at::kCPU) : ts.front().device()));
+          for (const auto& x : ts) sum = sum + x.detach().to(at::kDouble).pow(2).sum();
+          return sum;
+        },
+        provider);
     // AdamW as the formula reads (ops.h), one tensor at a time, in at least fp32; host reads of
     // the step counts and found_inf are fine for a judge.
     t.provide<op::AdamWStep>(

@@ -284,9 +284,10 @@ TEST(ReferenceKernels, OpsMatchFp64Formulas) {
 }
 
 // The reference AdamW step (the formula, one tensor at a time) against LibTorch's fused AdamW,
-// which the host runs when the recipe's ops backend has no step of its own: fp32, three tensors,
+// and its square sum against _foreach_norm, which the host runs when the recipe's ops backend
+// has no kernels of its own: fp32, three tensors,
 // four steps with a gradient scale, a skipped step (found_inf) and weight decay.
-TEST(ReferenceKernels, AdamWStepMatchesLibTorchsFusedAdamW) {
+TEST(ReferenceKernels, AdamWStepAndSquareSumMatchLibTorch) {
   at::manual_seed(5);
   auto ops_backend = registry().create<Ops>("reference", Config("k", {}));
   OpTable ops;
@@ -308,6 +309,8 @@ TEST(ReferenceKernels, AdamWStepMatchesLibTorchsFusedAdamW) {
     std::vector<at::Tensor> g;
     for (int64_t n : sizes) g.push_back(at::randn({n}));
     const at::Tensor s = at::full({}, scale, at::kFloat), f = at::full({}, inf, at::kFloat);
+    const double sq = ops.get<op::SquareSum>()(g).item<double>();
+    EXPECT_NEAR(sq, at::stack(at::_foreach_norm(g, 2, at::kDouble)).pow(2).sum().item<double>(), 1e-9 * sq) << "square_sum";
     ops.get<op::AdamWStep>()(p, g, m, v, st, lr, b1, b2, wd, eps, s, f);
     at::_foreach_add_(st2, 1.0);
     at::_fused_adamw_(p2, g, m2, v2, {}, st2, lr, b1, b2, wd, eps, false, false, s, f);

@@ -131,6 +131,15 @@ struct AdamWStep {
                                 const at::Tensor& grad_scale, const at::Tensor& found_inf)>;
 };
 
+// The gradient norm's sum before clipping (not called by models): the sum of the squares of
+// every element of every tensor (one dtype, any sizes, contiguous), accumulated in fp64; a 0-dim
+// fp64 tensor on their device, computed without a host read.
+struct SquareSum {
+  static constexpr const char* kName = "square_sum";
+  static constexpr const char* kSig = "Tensor(Tensor[] tensors)";
+  using Fn = std::function<at::Tensor(const std::vector<at::Tensor>& tensors)>;
+};
+
 }  // namespace op
 
 // The operations a model may call, each with the backend that provides it (Note [Ops per
