@@ -9,8 +9,8 @@
 # and once with it on every layer ("+ac"), on the chat-like length mix of `qrun bench --synthetic
 # chat`, with the step profile (--profile). SHAPES picks a subset (default: "S0 S0+ac S2 S2+ac";
 # S1 and S1+ac when the GPU has more than 100 GB); a "+lt" suffix runs the shape with LibTorch's
-# fused AdamW instead of the fused ops' AdamW step (S0+lt: the optimizer kernel's A/B in one
-# call). Usage: bench/flagship.sh OUT_DIR
+# fused AdamW and _foreach_norm instead of the fused ops' adamw_step and square_sum (S0+lt: the
+# optimizer kernels' A/B in one call). Usage: bench/flagship.sh OUT_DIR
 set -uo pipefail
 OUT=${1:?OUT_DIR}; mkdir -p "$OUT"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,7 +23,7 @@ default="S0 S0+ac S2 S2+ac"
 for shape in ${SHAPES:-$default}; do
   base=${shape%+lt}; base=${base%+ac}
   args=(--set sharding=none --set precision.master_weights=false --set train.grad_accum=1)
-  [[ $shape == *+lt ]] && args+=(--set 'kernels.ops.exclude=[adamw_step]')
+  [[ $shape == *+lt ]] && args+=(--set 'kernels.ops.exclude=[adamw_step, square_sum]')
   case $base in
     S0) args+=(--set model.num_layers=4) ;;
     S1) args+=(--set model.num_layers=8) ;;
