@@ -16,7 +16,7 @@
 #           (`qrun check`, the GPU grids with the 27B shapes; CHECK_TARGETS picks others), the conv
 #           kernels' own test and compute-sanitizer memcheck on the kernels written here (small
 #           shapes; CHECK_SANITIZE=0 leaves the test and the sanitizer out, =ops runs only the
-#           fused ops' memcheck)
+#           fused ops' memcheck; CHECK_ARGS adds arguments to the check, e.g. --dtype bf16)
 #   kbench  `qrun check --bench` of each fused backend against its reference at the 27B shapes
 #   compare the fused stage against the reference kernels on one repeated batch, 20 AdamW steps
 #           (bench/compare_fused.sh)
@@ -84,7 +84,7 @@ fold
 if has smoke; then bash "$root/bench/smoke_gpu.sh" "$OUT" > "$OUT/smoke.log" 2>&1; echo "smoke rc=$?"; tail -40 "$OUT/smoke.log"; fi
 fold
 if has checks; then
-  ( timeout ${CHECK_TIMEOUT:-360} "$QRUN_BIN" check ${CHECK_TARGETS:-attention/flash-varlen conv1d/causal-conv1d ops/fused} --seed random
+  ( timeout ${CHECK_TIMEOUT:-360} "$QRUN_BIN" check ${CHECK_TARGETS:-attention/flash-varlen conv1d/causal-conv1d ops/fused} --seed random ${CHECK_ARGS:-}
     echo "qrun check rc=$?"
     [[ "${CHECK_SANITIZE:-1}" == 0 ]] && exit 0
     if [[ "${CHECK_SANITIZE:-1}" != ops ]]; then
