@@ -671,16 +671,20 @@ void cross_entropy_rows(void* logits, int64_t rows, int64_t V, int64_t ld, DType
 // Every tensor is cut into tiles of kAdamTile elements (its last tile may be short); tiles are
 // numbered across the tensors in order (AdamWTensor::first_tile) and a grid of a few blocks per
 // SM strides over them, each block finding its tile's tensor by binary search over the
-// descriptors (a few hundred to a few thousand: L1/L2 hits). A full tile whose four pointers are
-// 16-byte aligned is read and written in 8-element vectors, two per thread; short or misaligned
-// tiles (a tensor that is a view at an odd offset) go element by element. The step counts are
-// read by the update (t = step + 1) and advanced by a second launch, so that no block sees
-// another's increment.
+// descriptors (a few hundred to a few thousand: L1/L2 hits). The tile is large (16,384 elements,
+// 229 KB of AdamW traffic in bf16) so that this dependent-load prologue (the search, the step
+// count) stays a few percent of the tile's time: with 4,096-element tiles the kernel moved only
+// 1.9 TB/s on the H100. Where the four pointers are 16-byte aligned the tile goes in rounds of
+// two 8-element vectors per thread, and its remainder (under one round) element by element; a
+// misaligned tensor (a view at an odd offset) goes element by element. The step counts are read
+// by the update (t = step + 1) and advanced by a second launch, so that no block sees another's
+// increment.
 
 namespace {
 constexpr int kAdamThreads = 256;
-constexpr int kAdamPerThread = 2;  // 8-element vectors per thread per tile
-constexpr int64_t kAdamTile = static_cast<int64_t>(kAdamThreads) * kAdamPerThread * 8;
+constexpr int kAdamPerThread = 2;  // 8-element vectors per thread per round
+constexpr int64_t kAdamRound = static_cast<int64_t>(kAdamThreads) * kAdamPerThread * 8;
+constexpr int64_t kAdamTile = kAdamRound * 8;
 
 struct AdamWTileConst {
   float step_size, bc2_sqrt, decay;  // lr / (1 - b1^t), sqrt(1 - b2^t), 1 - lr wd
@@ -726,11 +730,12 @@ __global__ void __launch_bounds__(kAdamThreads)
     T* v = static_cast<T*>(t.v) + off;
     const bool aligned = ((reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g) |
                            reinterpret_cast<uintptr_t>(m) | reinterpret_cast<uintptr_t>(v)) & 15) == 0;
-    if (len == kAdamTile && aligned) {
+    const int64_t vec_len = aligned ? len / kAdamRound * kAdamRound : 0;
+    for (int64_t r = 0; r < vec_len; r += kAdamRound) {
       float pv[kAdamPerThread][8], gv[kAdamPerThread][8], mv[kAdamPerThread][8], vv[kAdamPerThread][8];
 #pragma unroll
       for (int k = 0; k < kAdamPerThread; ++k) {
-        const int64_t e = (static_cast<int64_t>(k) * kAdamThreads + threadIdx.x) * 8;
+        const int64_t e = r + (static_cast<int64_t>(k) * kAdamThreads + threadIdx.x) * 8;
         vec::load<T, 8>(p + e, pv[k]);
         vec::load<T, 8>(g + e, gv[k]);
         vec::load<T, 8>(m + e, mv[k]);
@@ -740,19 +745,18 @@ __global__ void __launch_bounds__(kAdamThreads)
       for (int k = 0; k < kAdamPerThread; ++k) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) adamw_update(pv[k][j], gv[k][j] / scale, mv[k][j], vv[k][j], a, c);
-        const int64_t e = (static_cast<int64_t>(k) * kAdamThreads + threadIdx.x) * 8;
+        const int64_t e = r + (static_cast<int64_t>(k) * kAdamThreads + threadIdx.x) * 8;
         vec::store<T, 8>(p + e, pv[k]);
         vec::store<T, 8>(m + e, mv[k]);
         vec::store<T, 8>(v + e, vv[k]);
       }
-    } else {
-      for (int64_t e = threadIdx.x; e < len; e += kAdamThreads) {
-        float pe = to_f(p[e]), me = to_f(m[e]), ve = to_f(v[e]);
-        adamw_update(pe, to_f(g[e]) / scale, me, ve, a, c);
-        p[e] = from_f<T>(pe);
-        m[e] = from_f<T>(me);
-        v[e] = from_f<T>(ve);
-      }
+    }
+    for (int64_t e = vec_len + threadIdx.x; e < len; e += kAdamThreads) {
+      float pe = to_f(p[e]), me = to_f(m[e]), ve = to_f(v[e]);
+      adamw_update(pe, to_f(g[e]) / scale, me, ve, a, c);
+      p[e] = from_f<T>(pe);
+      m[e] = from_f<T>(me);
+      v[e] = from_f<T>(ve);
     }
   }
 }
@@ -790,21 +794,23 @@ __global__ void __launch_bounds__(kAdamThreads)
     const int64_t off = (tile - t.first_tile) * kAdamTile;
     const int64_t len = t.n - off < kAdamTile ? t.n - off : kAdamTile;
     const T* x = static_cast<const T*>(t.p) + off;
-    if (len == kAdamTile && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+    const int64_t vec_len = (reinterpret_cast<uintptr_t>(x) & 15) == 0 ? len / kAdamRound * kAdamRound : 0;
+    for (int64_t r = 0; r < vec_len; r += kAdamRound) {
+      float xv[kAdamPerThread][8];
+#pragma unroll
+      for (int k = 0; k < kAdamPerThread; ++k)
+        vec::load<T, 8>(x + r + (static_cast<int64_t>(k) * kAdamThreads + threadIdx.x) * 8, xv[k]);
 #pragma unroll
       for (int k = 0; k < kAdamPerThread; ++k) {
-        float xv[8];
-        vec::load<T, 8>(x + (static_cast<int64_t>(k) * kAdamThreads + threadIdx.x) * 8, xv);
         float s8 = 0.f;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) s8 += xv[j] * xv[j];
+        for (int j = 0; j < 8; ++j) s8 += xv[k][j] * xv[k][j];
         acc += s8;
       }
-    } else {
-      for (int64_t e = threadIdx.x; e < len; e += kAdamThreads) {
-        const double v = to_f(x[e]);
-        acc += v * v;
-      }
+    }
+    for (int64_t e = vec_len + threadIdx.x; e < len; e += kAdamThreads) {
+      const double v = to_f(x[e]);
+      acc += v * v;
     }
   }
   acc = block_sum_f64(acc);
