@@ -1,9 +1,10 @@
 // framework/optimizer.h - AdamW over a model's parameters and the learning-rate schedules.
 //
 // Why our own wrapper rather than torch::optim::AdamW: the step must be a fused multi-tensor
-// kernel (at::_fused_adamw_, vectorised on CPU; on CUDA an ops backend's AdamW step where the
-// recipe's backend provides one) instead of a per-parameter loop of small ops, we need optional fp32 master weights for bf16 parameters, and
-// the state must serialise by parameter *name* so checkpoints survive reordering.
+// kernel (at::_fused_adamw_, vectorised on CPU; on CUDA the recipe's ops backend's AdamW step
+// where it provides one) instead of a per-parameter loop of small ops, we need optional fp32
+// master weights for bf16 parameters, and the state must serialise by parameter *name* so
+// checkpoints survive reordering.
 #pragma once
 
 #include <qrun/sdk/ops.h>

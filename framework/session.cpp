@@ -352,16 +352,16 @@ AdamWOptions Session::adamw_options() const {
 }
 
 void Session::pick_step_kernels(AdamW& opt) {
-  std::map<std::string, std::string> by;
-  for (const auto& [op, provider] : op_table.providers()) by[op] = provider;
-  auto backend_of = [&](const char* op) -> std::string {
-    auto it = by.find(op);
-    return device.is_cuda() && it != by.end() && it->second != "reference" ? it->second : std::string();
+  // The provider of `Op` when it is the recipe's backend (not the reference's formula) on CUDA.
+  auto backend_of = [&]<class Op>() -> std::string {
+    if (!device.is_cuda() || !op_table.has<Op>()) return {};
+    for (const auto& [op, provider] : op_table.providers())
+      if (op == Op::kName && provider != "reference") return provider;
+    return {};
   };
-  const std::string step = backend_of(op::AdamWStep::kName), norm = backend_of(op::SquareSum::kName);
-  if (!step.empty() && op_table.has<op::AdamWStep>())
+  if (const std::string step = backend_of.operator()<op::AdamWStep>(); !step.empty())
     opt.use_kernel(op_table.get<op::AdamWStep>(), fmt::format("{} {}", step, op::AdamWStep::kName));
-  if (!norm.empty() && op_table.has<op::SquareSum>()) {
+  if (const std::string norm = backend_of.operator()<op::SquareSum>(); !norm.empty()) {
     square_sum = op_table.get<op::SquareSum>();
     square_sum_name = fmt::format("{} {}", norm, op::SquareSum::kName);
   }
